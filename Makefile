@@ -1,0 +1,30 @@
+# `make test` and `make bench` set themselves up on a fresh machine with only python3 and make.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The CPU build; on these machines it installs from a local file. An unpinned torch pulls CUDA.
+TORCH_PIN := torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: test bench lint setup clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,bench]' '$(TORCH_PIN)'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(VENV)/bin/stoker bench
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

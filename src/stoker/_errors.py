@@ -1,0 +1,149 @@
+"""Errors that cross the worker boundary, and how they are rebuilt in the main process.
+
+A worker's exception comes back as an `ExceptionInfo`: its type, its message, the
+worker's formatted traceback and, when it pickles, the exception itself. The main process
+re-raises it as the original type when that type can be rebuilt with a message, so
+`except KeyError:` keeps working; the message names the worker, its pid and the sample
+indices, and the worker's traceback is attached as `__cause__`. A worker that died is a
+`WorkerDiedError`, distinct from the user's exceptions.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import sys
+import traceback
+from typing import Any
+
+_MAX_INDICES_SHOWN = 16
+
+
+class WorkerError(RuntimeError):
+    """A worker raised an exception whose type cannot be rebuilt in the main process."""
+
+    def __init__(self, message: str, type_name: str = "") -> None:
+        super().__init__(message)
+        self.type_name = type_name
+
+
+class WorkerDiedError(RuntimeError):
+    """A DataLoader worker process exited or was killed while the loader needed it.
+
+    Attributes: `worker_id`, `pid`, `exitcode` (negative: killed by signal `-exitcode`).
+    """
+
+    def __init__(self, worker_id: int, pid: int | None, exitcode: int | None, detail: str = "") -> None:
+        self.worker_id = worker_id
+        self.pid = pid
+        self.exitcode = exitcode
+        super().__init__(
+            f"DataLoader worker {worker_id} (pid {pid}) {describe_exit(exitcode)}{detail}"
+        )
+
+
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised in a worker, attached as `__cause__`."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """Say how a process ended, naming the signal when it was killed."""
+    if exitcode is None:
+        return "stopped responding"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by signal {name} ({-exitcode})"
+    return f"exited unexpectedly with exit code {exitcode}"
+
+
+def describe_index(index: Any, iterable: bool) -> str:
+    """A short description of what a task fetched, for error messages."""
+    if iterable:
+        count = "1 sample" if index is None else f"a batch of {index} samples"
+        return f"while fetching {count} from its iterable dataset replica"
+    if isinstance(index, list):
+        shown = ", ".join(map(str, index[:_MAX_INDICES_SHOWN]))
+        more = f", ... ({len(index)} in all)" if len(index) > _MAX_INDICES_SHOWN else ""
+        return f"while fetching sample indices [{shown}{more}]"
+    return f"while fetching sample index {index!r}"
+
+
+class _KeyErrorMessage(str):
+    """KeyError quotes its message through repr(); this keeps a multi-line message readable."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+class ExceptionInfo:
+    """A picklable record of an exception raised in a worker."""
+
+    def __init__(self, exc: BaseException, where: str, keep_object: bool = False) -> None:
+        self.exc_type = type(exc)
+        self.message = str(exc)
+        self.where = where
+        self.traceback = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        self.local = exc if keep_object else None
+        try:
+            self.pickled: bytes | None = pickle.dumps(exc)
+        except Exception:
+            self.pickled = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["local"] = None
+        try:
+            pickle.dumps(self.exc_type)
+        except Exception:
+            state["exc_type"] = None
+            state["type_name"] = getattr(self.exc_type, "__qualname__", "Exception")
+        return state
+
+    def type_name(self) -> str:
+        if self.exc_type is None:
+            return self.__dict__.get("type_name", "Exception")
+        return self.exc_type.__name__
+
+    def rebuild(self) -> BaseException:
+        """The exception to raise in the main process: the original type when possible."""
+        message = f"Caught {self.type_name()} {self.where}: {self.message}"
+        cause = RemoteTraceback(
+            f"\n\nTraceback in the worker ({self.where}):\n\"\"\"\n{self.traceback}\"\"\""
+        )
+        exc = self._rebuild_typed(message)
+        exc.__cause__ = cause
+        return exc
+
+    def _rebuild_typed(self, message: str) -> BaseException:
+        exc_type = self.exc_type
+        # StopIteration would silently end the user's loop; the others are not the user's.
+        if exc_type is None or issubclass(exc_type, (StopIteration, StopAsyncIteration)) or not issubclass(
+            exc_type, Exception
+        ):
+            return WorkerError(message, self.type_name())
+        try:
+            exc = exc_type(_KeyErrorMessage(message) if issubclass(exc_type, KeyError) else message)
+            if type(exc) is exc_type and str(exc) == message:
+                return exc
+        except Exception:
+            pass
+        original = self.local
+        if original is None and self.pickled is not None:
+            try:
+                original = pickle.loads(self.pickled)
+            except Exception:
+                original = None
+        if original is not None and sys.version_info >= (3, 11):
+            original.add_note(message)
+            return original
+        return WorkerError(message, self.type_name())

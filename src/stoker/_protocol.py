@@ -1,0 +1,75 @@
+"""The messages between the main process and its workers.
+
+Every message is one of the frozen dataclasses below; nothing else crosses the boundary.
+
+```
+ main process                                   worker (thread or process)
+ ─────────────                                  ──────────────────────────
+   Task(task_id, index)  ───────────────────▶   fetch + collate
+   Reset()               ───────────────────▶   next epoch: a fresh iterator over the
+                                                  iterable dataset replica
+   Stop()                ───────────────────▶   exit the loop
+                         ◀───────────────────   Done(task_id, payload)
+                         ◀───────────────────   Failed(task_id, error)
+                         ◀───────────────────   Exhausted(task_id)   iterable replica ended;
+                                                  the task carried no batch
+```
+
+Each Task gets exactly one reply, in the order the worker received the tasks. A worker
+that fails in `worker_init_fn` keeps running and answers every task with that failure, so
+the error surfaces in order, at the first batch that worker owed.
+
+`index` is what the fetcher takes: a list of sample indices (map-style, auto-collation), a
+single index (map-style, `batch_size=None`) or the number of samples to draw from the
+iterable replica (`None` for one un-collated sample).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+
+@dataclass(frozen=True)
+class Task:
+    """Fetch one batch."""
+
+    task_id: int
+    index: Any
+
+
+@dataclass(frozen=True)
+class Reset:
+    """Start a new epoch on a persistent worker (iterable datasets re-iterate)."""
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Leave the worker loop."""
+
+
+@dataclass(frozen=True)
+class Done:
+    """A batch, encoded by the transport."""
+
+    task_id: int
+    payload: Any
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The task raised; `error` is a `stoker._errors.ExceptionInfo`."""
+
+    task_id: int
+    error: Any
+
+
+@dataclass(frozen=True)
+class Exhausted:
+    """The worker's iterable replica has no more batches this epoch."""
+
+    task_id: int
+
+
+Request = Union[Task, Reset, Stop]
+Reply = Union[Done, Failed, Exhausted]

@@ -1,0 +1,278 @@
+"""Which batch goes to which worker, how far ahead, and in what order batches come out.
+
+Pure logic: no threads, no processes, no I/O. Every engine (serial, threads, processes) is
+driven by this one scheduler through three calls:
+
+    dispatch()        -> [(worker_id, Task | Reset), ...]   fill the prefetch window
+    complete(wid, r)  <- a worker's reply (Done, Failed or Exhausted)
+    deliver()         -> the next reply to hand to the user, or None if it has not arrived
+
+Task ids are global and increase across epochs. An epoch's tasks are contiguous, so
+in-order delivery walks ids one by one; `in_order=False` hands out whatever has arrived.
+At most `window` tasks are dispatched and not yet delivered, across all epochs, so the
+next epoch's first tasks (next-epoch prefetch) share the window with the current one's last.
+
+Map-style epochs read their task indices from the batch sampler's iterator; the epoch's
+last task id is known when that iterator ends. Iterable epochs send every active worker
+tasks round-robin until each has answered `Exhausted`; its last id is known when the last
+worker is. Workers are chosen round-robin over the active ones (in order: deterministic,
+as torch) or least-loaded first (`in_order=False`: a slow sample does not hold up others).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._protocol import Done, Exhausted, Failed, Reply, Request, Reset, Task
+
+_NOT_ARRIVED = object()
+
+
+@dataclass
+class _Epoch:
+    number: int
+    source: Iterator[Any] | None  # map-style: the index sampler's iterator
+    first_id: int
+    reset_workers: bool
+    end_id: int | None = None  # one past the epoch's last task id, once known
+    active: set[int] = field(default_factory=set)  # iterable: workers still producing
+    unresolved: set[int] = field(default_factory=set)
+    ready: dict[int, Reply] = field(default_factory=dict)
+    next_id: int = 0  # in order: the next task id to deliver or skip
+    delivered: int = 0
+    discarded: bool = False
+
+    def finished(self) -> bool:
+        return self.end_id is not None and not self.unresolved and not self.ready
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """The task the consumer is blocked on, for timeout messages."""
+
+    task_id: int
+    worker_id: int | None
+    index: Any
+    epoch: int
+    batch: int
+
+
+class Scheduler:
+    """The prefetch window, worker assignment and delivery order of a loader iterator."""
+
+    def __init__(
+        self,
+        num_workers: int,
+        window: int,
+        in_order: bool = True,
+        iterable_index: Any = _NOT_ARRIVED,
+    ) -> None:
+        if num_workers < 1 or window < 1:
+            raise ValueError("Scheduler needs at least one worker and a window of at least 1")
+        self.num_workers = num_workers
+        self.window = window
+        self.in_order = in_order
+        self.iterable = iterable_index is not _NOT_ARRIVED
+        self._iterable_index = None if not self.iterable else iterable_index
+        self._next_task_id = 0
+        self._epochs: list[_Epoch] = []  # [delivering, (prefetching)]
+        self._epoch_of: dict[int, _Epoch] = {}
+        self._owner: dict[int, int] = {}
+        self._index: dict[int, Any] = {}
+        self._load = [0] * num_workers
+        self._rr = 0
+        self._in_flight = 0
+        self._epoch_count = 0
+
+    # ------------------------------------------------------------------ epochs
+    def begin_epoch(self, source: Iterator[Any] | None = None, reset_workers: bool = False) -> int:
+        """Queue a new epoch; map-style epochs take the index sampler's iterator."""
+        if self.iterable != (source is None):
+            raise ValueError("map-style epochs need an index source; iterable epochs take none")
+        if self._epochs and self._epochs[-1].end_id is None:
+            raise RuntimeError("the previous epoch is still being dispatched")
+        epoch = _Epoch(self._epoch_count, source, self._next_task_id, reset_workers)
+        epoch.next_id = epoch.first_id
+        if self.iterable:
+            epoch.active = set(range(self.num_workers))
+        self._epoch_count += 1
+        self._epochs.append(epoch)
+        return epoch.number
+
+    @property
+    def current_epoch(self) -> int | None:
+        return self._epochs[0].number if self._epochs else None
+
+    def dispatching_done(self) -> bool:
+        """Every task of the newest epoch has been dispatched (its last index is read)."""
+        return not self._epochs or self._epochs[-1].end_id is not None
+
+    def has_prefetched_epoch(self) -> bool:
+        return len(self._epochs) > 1
+
+    def current_finished(self) -> bool:
+        """The delivering epoch has handed out every batch it will produce."""
+        return bool(self._epochs) and self._epochs[0].finished()
+
+    def finish_epoch(self) -> None:
+        """Retire the delivering epoch once it is finished."""
+        if not self.current_finished():
+            raise RuntimeError("the current epoch is not finished")
+        self._epochs.pop(0)
+
+    def abandon_epoch(self) -> None:
+        """Drop the delivering epoch half-way: nothing more is dispatched or delivered for it."""
+        if not self._epochs:
+            return
+        epoch = self._epochs.pop(0)
+        epoch.discarded = True
+        if epoch.end_id is None:
+            epoch.end_id = self._next_task_id
+            epoch.source = None
+        self._in_flight -= len(epoch.ready) + len(epoch.unresolved)
+        epoch.ready.clear()
+
+    # ---------------------------------------------------------------- dispatch
+    def dispatch(self) -> list[tuple[int, Request]]:
+        """Tasks (and resets) to send now, as (worker_id, message)."""
+        out: list[tuple[int, Request]] = []
+        if not self._epochs:
+            return out
+        epoch = self._epochs[-1]
+        if epoch.end_id is not None:
+            return out
+        if epoch.reset_workers:
+            epoch.reset_workers = False
+            out.extend((w, Reset()) for w in range(self.num_workers))
+        while self._in_flight < self.window:
+            worker = self._pick_worker(epoch)
+            if worker is None:
+                break
+            if epoch.source is not None:
+                try:
+                    index = next(epoch.source)
+                except StopIteration:
+                    epoch.end_id = self._next_task_id
+                    epoch.source = None
+                    break
+            else:
+                index = self._iterable_index
+            task_id = self._next_task_id
+            self._next_task_id += 1
+            self._epoch_of[task_id] = epoch
+            self._owner[task_id] = worker
+            self._index[task_id] = index
+            self._load[worker] += 1
+            self._in_flight += 1
+            epoch.unresolved.add(task_id)
+            out.append((worker, Task(task_id, index)))
+        return out
+
+    def _pick_worker(self, epoch: _Epoch) -> int | None:
+        candidates = epoch.active if self.iterable else None
+        if candidates is not None and not candidates:
+            return None
+        n = self.num_workers
+        if self.in_order:
+            for step in range(n):
+                worker = (self._rr + step) % n
+                if candidates is None or worker in candidates:
+                    self._rr = (worker + 1) % n
+                    return worker
+            return None
+        pool = range(n) if candidates is None else sorted(candidates)
+        return min(pool, key=lambda w: (self._load[w], (w - self._rr) % n))
+
+    # ----------------------------------------------------------------- replies
+    def complete(self, worker_id: int, reply: Reply) -> None:
+        """Record a worker's reply to one of its tasks."""
+        task_id = reply.task_id
+        epoch = self._epoch_of.pop(task_id, None)
+        if epoch is None:
+            raise ValueError(f"reply for unknown task {task_id} from worker {worker_id}")
+        owner = self._owner.pop(task_id)
+        if owner != worker_id:
+            raise ValueError(f"task {task_id} belongs to worker {owner}, not worker {worker_id}")
+        self._load[owner] -= 1
+        epoch.unresolved.discard(task_id)
+        if isinstance(reply, Exhausted):
+            if self.iterable and owner in epoch.active:
+                epoch.active.discard(owner)
+                if not epoch.active and epoch.end_id is None:
+                    epoch.end_id = self._next_task_id
+            if not epoch.discarded and self.in_order:
+                epoch.ready[task_id] = reply  # a gap that in-order delivery steps over
+                return
+            if not epoch.discarded:
+                self._in_flight -= 1
+            self._index.pop(task_id, None)
+            return
+        if epoch.discarded:  # its share of the window was released when it was abandoned
+            self._index.pop(task_id, None)
+            return
+        epoch.ready[task_id] = reply
+
+    # ---------------------------------------------------------------- delivery
+    def deliver(self) -> tuple[Any, Reply] | None:
+        """The next (index, reply) for the consumer, or None if it has not arrived yet."""
+        if not self._epochs:
+            return None
+        epoch = self._epochs[0]
+        while epoch.ready:
+            if self.in_order:
+                reply = epoch.ready.pop(epoch.next_id, None)
+                if reply is None:
+                    return None
+                epoch.next_id += 1
+            else:
+                task_id = min(epoch.ready)
+                reply = epoch.ready.pop(task_id)
+            self._in_flight -= 1
+            index = self._index.pop(reply.task_id, None)
+            if isinstance(reply, Exhausted):
+                continue
+            epoch.delivered += 1
+            return index, reply
+        return None
+
+    # ------------------------------------------------------------- inspection
+    def outstanding(self, worker_id: int) -> list[int]:
+        """Task ids a worker has been sent and not yet answered."""
+        return sorted(t for t, w in self._owner.items() if w == worker_id)
+
+    def owes_anything(self, worker_id: int) -> bool:
+        return self._load[worker_id] > 0
+
+    def waiting_for(self) -> Waiting | None:
+        """The task whose reply the consumer needs next."""
+        if not self._epochs:
+            return None
+        epoch = self._epochs[0]
+        if self.in_order:
+            task_id = epoch.next_id
+        elif epoch.unresolved:
+            task_id = min(epoch.unresolved)
+        else:
+            return None
+        return Waiting(
+            task_id,
+            self._owner.get(task_id),
+            self._index.get(task_id),
+            epoch.number,
+            epoch.delivered,
+        )
+
+    @property
+    def delivered(self) -> int:
+        """Batches delivered in the current epoch."""
+        return self._epochs[0].delivered if self._epochs else 0
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+
+# Re-exported for engines that build replies.
+__all__ = ["Done", "Exhausted", "Failed", "Scheduler", "Waiting"]

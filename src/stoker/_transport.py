@@ -1,0 +1,90 @@
+"""How a worker's reply crosses to the main process.
+
+`PickleTransport` sends one reply as a few frames on the worker's result pipe:
+
+    frame 0  header: the count and byte sizes of the out-of-band buffers
+    frame 1  the reply, pickled with protocol 5 (array payloads left out of band)
+    frame 2… each out-of-band buffer, received straight into a writable bytearray
+
+so numpy arrays (and CPU torch tensors, sent as their numpy view) are copied once into the
+pipe and once out of it, never pickled inline. A worker killed mid-reply leaves a
+truncated message; the reader sees EOF, and the engine reports the death.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+import sys
+from multiprocessing.connection import Connection
+from typing import Any
+
+_COUNT = struct.Struct("<Q")
+
+
+def _tensor_to_numpy(obj: Any) -> Any:
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(obj, torch.Tensor) or type(obj) is not torch.Tensor:
+        return None
+    if obj.device.type != "cpu" or obj.layout is not torch.strided or obj.requires_grad:
+        return None
+    if obj.is_conj() or obj.is_neg() or obj.dtype not in _numpy_compatible_dtypes(torch):
+        return None
+    return obj.numpy()
+
+
+_dtype_cache: list[frozenset[Any]] = []
+
+
+def _numpy_compatible_dtypes(torch: Any) -> frozenset[Any]:
+    if not _dtype_cache:
+        names = (
+            "bool uint8 int8 int16 int32 int64 float16 float32 float64 complex64 complex128"
+        ).split()
+        _dtype_cache.append(frozenset(getattr(torch, n) for n in names))
+    return _dtype_cache[0]
+
+
+def _rebuild_tensor(array: Any) -> Any:
+    import torch
+
+    return torch.from_numpy(array)
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        array = _tensor_to_numpy(obj)
+        if array is None:
+            return NotImplemented
+        return _rebuild_tensor, (array,)
+
+
+class PickleTransport:
+    """Replies as pickle protocol 5 with out-of-band array buffers."""
+
+    def send(self, conn: Connection, reply: Any) -> None:
+        buffers: list[pickle.PickleBuffer] = []
+        stream = io.BytesIO()
+        _Pickler(stream, protocol=5, buffer_callback=buffers.append).dump(reply)
+        views = [b.raw() for b in buffers]
+        header = _COUNT.pack(len(views)) + b"".join(_COUNT.pack(v.nbytes) for v in views)
+        conn.send_bytes(header)
+        conn.send_bytes(stream.getbuffer())
+        for view in views:
+            conn.send_bytes(view)
+
+    def recv(self, conn: Connection) -> Any:
+        header = conn.recv_bytes()
+        (count,) = _COUNT.unpack_from(header)
+        sizes = [_COUNT.unpack_from(header, 8 * (i + 1))[0] for i in range(count)]
+        body = conn.recv_bytes()
+        buffers = []
+        for size in sizes:
+            buffer = bytearray(size)
+            if size:
+                conn.recv_bytes_into(buffer)
+            else:
+                conn.recv_bytes()
+            buffers.append(buffer)
+        return pickle.loads(body, buffers=buffers)

@@ -1,0 +1,213 @@
+"""The loop every worker runs, `WorkerInfo`, `get_worker_info` and worker seeding.
+
+`run_worker(config, receive, send)` is a plain function of one frozen `WorkerConfig` and
+two channel callables, so it runs the same in a thread, in a process, or in a test with
+lists standing in for channels. `process_main` wraps it for worker processes: it ignores
+SIGINT (the main process handles Ctrl-C and stops its workers), arranges to die with its
+parent, and reads tasks on a small inbox thread so that the main process never blocks
+writing a task while the worker is busy writing a large reply.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import queue
+import random
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from ._errors import ExceptionInfo, describe_index
+from ._fetch import EndOfStream, make_fetcher
+from ._protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
+
+T_co = TypeVar("T_co", covariant=True)
+
+PARENT_POLL_S = 0.5  # how often an idle worker checks that its parent is alive
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class WorkerInfo(Generic[T_co]):
+    """What a worker knows about itself; `get_worker_info()` returns it inside a worker."""
+
+    id: int
+    num_workers: int
+    seed: int
+    dataset: Any
+
+
+_process_info: WorkerInfo[Any] | None = None
+_thread_info = threading.local()
+
+
+def get_worker_info() -> WorkerInfo[Any] | None:
+    """The current worker's `WorkerInfo`, or None in the main process (and with num_workers=0)."""
+    info = getattr(_thread_info, "info", None)
+    return info if info is not None else _process_info
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs, fixed when the worker starts."""
+
+    worker_id: int
+    num_workers: int
+    base_seed: int
+    dataset: Any
+    dataset_kind: str  # "map" | "iterable"
+    auto_collation: bool
+    collate_fn: Callable[[Any], Any]
+    drop_last: bool
+    worker_init_fn: Callable[[int], None] | None
+    thread: bool  # a thread worker shares the process: no global seeding, thread-local info
+
+    @property
+    def seed(self) -> int:
+        return self.base_seed + self.worker_id
+
+
+def seed_globals(base_seed: int, worker_id: int) -> None:
+    """Seed Python's, numpy's and (if loaded) torch's global RNGs for one worker process."""
+    seed = base_seed + worker_id
+    random.seed(seed)
+    np.random.seed(np.random.SeedSequence([worker_id, base_seed]).generate_state(4))
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.manual_seed(seed)
+
+
+def run_worker(
+    config: WorkerConfig,
+    receive: Callable[[float], Request | None],
+    send: Callable[[Reply], None],
+    parent_alive: Callable[[], bool] = lambda: True,
+) -> None:
+    """Serve tasks until `Stop` arrives or the parent is gone.
+
+    `receive(timeout)` returns the next request or None after `timeout` seconds;
+    `send(reply)` delivers one reply. Every task gets exactly one reply.
+    """
+    global _process_info
+    info: WorkerInfo[Any] = WorkerInfo(config.worker_id, config.num_workers, config.seed, config.dataset)
+    if config.thread:
+        _thread_info.info = info
+    else:
+        _process_info = info
+    kind = "thread worker" if config.thread else "worker"
+    label = f"in DataLoader {kind} {config.worker_id} (pid {os.getpid()})"
+    iterable = config.dataset_kind == "iterable"
+    init_error: ExceptionInfo | None = None
+    fetcher = make_fetcher(
+        config.dataset_kind, config.dataset, config.auto_collation, config.collate_fn, config.drop_last
+    )
+    try:
+        if not config.thread:
+            seed_globals(config.base_seed, config.worker_id)
+        if config.worker_init_fn is not None:
+            config.worker_init_fn(config.worker_id)
+    except Exception as exc:
+        init_error = ExceptionInfo(exc, f"{label} in worker_init_fn", keep_object=config.thread)
+    try:
+        while True:
+            message = receive(PARENT_POLL_S)
+            if message is None:
+                if not parent_alive():
+                    return
+                continue
+            if isinstance(message, Stop):
+                return
+            if isinstance(message, Reset):
+                fetcher.reset()
+                continue
+            assert isinstance(message, Task)
+            send(_serve(fetcher, message, init_error, label, iterable, config.thread))
+    finally:
+        if config.thread:
+            _thread_info.info = None
+
+
+def _serve(
+    fetcher: Any, task: Task, init_error: ExceptionInfo | None, label: str, iterable: bool, thread: bool
+) -> Reply:
+    if init_error is not None:
+        return Failed(task.task_id, init_error)
+    try:
+        return Done(task.task_id, fetcher.fetch(task.index))
+    except EndOfStream:
+        return Exhausted(task.task_id)
+    except Exception as exc:
+        where = f"{label} {describe_index(task.index, iterable)}"
+        return Failed(task.task_id, ExceptionInfo(exc, where, keep_object=thread))
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when the thread that started it exits."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def process_main(
+    config: WorkerConfig,
+    tasks: Connection,
+    results: Connection,
+    transport: Any,
+    parent_pid: int,
+    pdeathsig: bool,
+) -> None:
+    """Entry point of a worker process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if pdeathsig:
+        _die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died before we got here
+        return
+    inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
+
+    def read_tasks() -> None:
+        while True:
+            try:
+                message = tasks.recv()
+            except (EOFError, OSError):
+                inbox.put(Stop())
+                return
+            inbox.put(message)
+            if isinstance(message, Stop):
+                return
+
+    threading.Thread(target=read_tasks, name="stoker-inbox", daemon=True).start()
+
+    def receive(timeout: float) -> Request | None:
+        try:
+            return inbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def send(reply: Reply) -> None:
+        try:
+            transport.send(results, reply)
+        except (BrokenPipeError, ConnectionResetError):
+            raise
+        except Exception as exc:
+            if not isinstance(reply, Done):
+                raise
+            where = f"in DataLoader worker {config.worker_id} (pid {os.getpid()}) while sending its batch"
+            transport.send(results, Failed(reply.task_id, ExceptionInfo(exc, where)))
+
+    try:
+        run_worker(config, receive, send, parent_alive=lambda: os.getppid() == parent_pid)
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the main process is gone or has closed our pipe: nothing left to serve
+    finally:
+        results.close()
