@@ -34,6 +34,7 @@ from multiprocessing import connection
 from multiprocessing.context import BaseContext
 from typing import Any
 
+from ._arena import Arena, ArenaTransport, arena_limit
 from ._fetch import EndOfStream, make_fetcher
 from ._protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
 from ._transport import PickleTransport
@@ -42,6 +43,7 @@ from ._worker import WorkerConfig, process_main, run_worker
 JOIN_TIMEOUT_S = 2.0
 TERMINATE_TIMEOUT_S = 1.0
 THREAD_JOIN_TIMEOUT_S = 5.0
+TRANSPORT_ENV = "STOKER_TRANSPORT"
 
 Polled = list[tuple[int, Reply]]
 Death = tuple[int, int | None, int | None]
@@ -154,11 +156,20 @@ def _thread_main(config: WorkerConfig, inbox: queue.SimpleQueue[Request], replie
 
 
 class ProcessEngine:
-    """Workers in processes started from `context`; replies through `PickleTransport`."""
+    """Workers in processes started from `context`; batches through the shared-memory arena.
+
+    `STOKER_TRANSPORT=pickle` sends batches by pickling instead (for comparison and debugging).
+    """
 
     def __init__(self, configs: Sequence[WorkerConfig], context: BaseContext, pdeathsig: bool) -> None:
         self.num_workers = len(configs)
-        self._transport = PickleTransport()
+        self._arena: Arena | None = None
+        self._assigned: dict[int, int | None] = {}
+        if os.environ.get(TRANSPORT_ENV, "arena") == "pickle":
+            self._transport: Any = PickleTransport()
+        else:
+            self._transport = ArenaTransport(arena_limit())
+            self._arena = Arena(len(configs))
         self._processes: list[Any] = []
         self._tasks: list[connection.Connection] = []
         self._results: list[connection.Connection | None] = []
@@ -173,7 +184,7 @@ class ProcessEngine:
 
     def _start(self, config: WorkerConfig, context: BaseContext, pdeathsig: bool) -> None:
         task_reader, task_writer = context.Pipe(duplex=False)
-        result_reader, result_writer = context.Pipe(duplex=False)
+        result_reader, result_writer = context.Pipe(duplex=True)  # a socket: it carries slot fds
         process = context.Process(  # type: ignore[attr-defined]
             target=process_main,
             args=(config, task_reader, result_writer, self._transport, os.getpid(), pdeathsig),
@@ -199,6 +210,10 @@ class ProcessEngine:
         return [p.pid for p in self._processes]
 
     def send(self, worker_id: int, message: Request) -> None:
+        if self._arena is not None and isinstance(message, Task):
+            slot = self._arena.assign(worker_id)
+            self._assigned[message.task_id] = slot
+            message = Task(message.task_id, message.index, slot)
         try:
             self._tasks[worker_id].send(message)
         except OSError:
@@ -225,6 +240,8 @@ class ProcessEngine:
         if reader is None or not (block or reader.poll()):
             return []
         try:
+            if self._arena is not None:
+                return [(worker_id, self._arena.receive(worker_id, reader, self._assigned))]
             return [(worker_id, self._transport.recv(reader))]
         except (EOFError, OSError, pickle.UnpicklingError):
             reader.close()

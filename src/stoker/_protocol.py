@@ -5,7 +5,8 @@ Every message is one of the frozen dataclasses below; nothing else crosses the b
 ```
  main process                                   worker (thread or process)
  ─────────────                                  ──────────────────────────
-   Task(task_id, index)  ───────────────────▶   fetch + collate
+   Task(task_id, index,  ───────────────────▶   fetch + collate (into `slot`, see _arena)
+        slot)
    Reset()               ───────────────────▶   next epoch: a fresh iterator over the
                                                   iterable dataset replica
    Stop()                ───────────────────▶   exit the loop
@@ -36,6 +37,7 @@ class Task:
 
     task_id: int
     index: Any
+    slot: int | None = None  # process workers: the shared-memory slot to collate into
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, Generic, TypeVar
@@ -89,11 +90,13 @@ def run_worker(
     receive: Callable[[float], Request | None],
     send: Callable[[Reply], None],
     parent_alive: Callable[[], bool] = lambda: True,
+    around_fetch: Callable[[Task], AbstractContextManager[Any]] | None = None,
 ) -> None:
     """Serve tasks until `Stop` arrives or the parent is gone.
 
     `receive(timeout)` returns the next request or None after `timeout` seconds;
     `send(reply)` delivers one reply. Every task gets exactly one reply.
+    `around_fetch(task)` wraps each fetch (the transport uses it to collate into shared memory).
     """
     global _process_info
     info: WorkerInfo[Any] = WorkerInfo(config.worker_id, config.num_workers, config.seed, config.dataset)
@@ -128,7 +131,13 @@ def run_worker(
                 fetcher.reset()
                 continue
             assert isinstance(message, Task)
-            send(_serve(fetcher, message, init_error, label, iterable, config.thread))
+            if around_fetch is None:
+                reply = _serve(fetcher, message, init_error, label, iterable, config.thread)
+            else:
+                with around_fetch(message):
+                    reply = _serve(fetcher, message, init_error, label, iterable, config.thread)
+            send(reply)
+            del reply
     finally:
         if config.thread:
             _thread_info.info = None
@@ -205,8 +214,12 @@ def process_main(
             where = f"in DataLoader worker {config.worker_id} (pid {os.getpid()}) while sending its batch"
             transport.send(results, Failed(reply.task_id, ExceptionInfo(exc, where)))
 
+    writer = getattr(transport, "writer", None)
+    around_fetch = (lambda task: writer().collating_into(task.slot)) if writer is not None else None
     try:
-        run_worker(config, receive, send, parent_alive=lambda: os.getppid() == parent_pid)
+        run_worker(
+            config, receive, send, parent_alive=lambda: os.getppid() == parent_pid, around_fetch=around_fetch
+        )
     except (BrokenPipeError, ConnectionResetError):
         pass  # the main process is gone or has closed our pipe: nothing left to serve
     finally:
