@@ -30,6 +30,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import replace
 from multiprocessing import connection
 from multiprocessing.context import BaseContext
 from typing import Any
@@ -37,6 +38,7 @@ from typing import Any
 from ._arena import Arena, ArenaTransport, arena_limit
 from ._fetch import EndOfStream, make_fetcher
 from ._protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
+from ._sharing import Packed
 from ._transport import PickleTransport
 from ._worker import WorkerConfig, process_main, run_worker
 
@@ -175,19 +177,28 @@ class ProcessEngine:
         self._results: list[connection.Connection | None] = []
         self._deaths: dict[int, Death] = {}
         self._closed = False
+        first = configs[0]
+        heavy: Any = (first.dataset, first.collate_fn, first.worker_init_fn)
+        if context.get_start_method() != "fork":
+            heavy = Packed(heavy)  # large arrays go through shared memory, once
         try:
             for config in configs:
-                self._start(config, context, pdeathsig)
+                light = replace(config, dataset=None, collate_fn=None, worker_init_fn=None)
+                self._start(light, heavy, context, pdeathsig)
         except BaseException:
             self.close()
             raise
+        finally:
+            if isinstance(heavy, Packed):
+                heavy.close()
 
-    def _start(self, config: WorkerConfig, context: BaseContext, pdeathsig: bool) -> None:
+    def _start(self, config: WorkerConfig, heavy: Any, context: BaseContext, pdeathsig: bool) -> None:
+        parent = None if context.get_start_method() == "forkserver" else os.getpid()
         task_reader, task_writer = context.Pipe(duplex=False)
         result_reader, result_writer = context.Pipe(duplex=True)  # a socket: it carries slot fds
         process = context.Process(  # type: ignore[attr-defined]
             target=process_main,
-            args=(config, task_reader, result_writer, self._transport, os.getpid(), pdeathsig),
+            args=(config, heavy, task_reader, result_writer, self._transport, parent, pdeathsig),
             name=f"stoker-worker-{config.worker_id}",
             daemon=True,
         )
@@ -197,7 +208,7 @@ class ProcessEngine:
             except Exception as exc:
                 task_writer.close()
                 result_reader.close()
-                raise _explain_start_failure(exc, config, context) from exc
+                raise _explain_start_failure(exc, heavy, context) from exc
         finally:
             task_reader.close()
             result_writer.close()
@@ -310,13 +321,13 @@ def _join_all(processes: Sequence[Any], timeout: float | None) -> None:
             live.pop(sentinel).join()
 
 
-def _explain_start_failure(exc: Exception, config: WorkerConfig, context: BaseContext) -> Exception:
+def _explain_start_failure(exc: Exception, heavy: Any, context: BaseContext) -> Exception:
     """Name the part of the loader that could not be sent to a new worker process."""
     from multiprocessing.reduction import ForkingPickler
 
     method = context.get_start_method()
-    for name in ("dataset", "collate_fn", "worker_init_fn"):
-        value = getattr(config, name)
+    parts = heavy.obj if isinstance(heavy, Packed) else heavy
+    for name, value in zip(("dataset", "collate_fn", "worker_init_fn"), parts):
         try:
             ForkingPickler.dumps(value)
         except Exception as cause:

@@ -19,7 +19,7 @@ import sys
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any, Generic, TypeVar
 
@@ -170,17 +170,27 @@ def _die_with_parent() -> None:
 
 def process_main(
     config: WorkerConfig,
+    heavy: tuple[Any, Any, Any],
     tasks: Connection,
     results: Connection,
     transport: Any,
-    parent_pid: int,
+    parent_pid: int | None,
     pdeathsig: bool,
 ) -> None:
-    """Entry point of a worker process."""
+    """Entry point of a worker process.
+
+    `heavy` is (dataset, collate_fn, worker_init_fn), sent apart from `config` so that spawn
+    workers can receive it packed with shared memory (see _sharing).
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    dataset, collate_fn, worker_init_fn = heavy
+    config = replace(config, dataset=dataset, collate_fn=collate_fn, worker_init_fn=worker_init_fn)
+    del heavy
     if pdeathsig:
         _die_with_parent()
-    if os.getppid() != parent_pid:  # the parent died before we got here
+    if parent_pid is None:  # forkserver: our parent is the server, which exits with the main process
+        parent_pid = os.getppid()
+    elif os.getppid() != parent_pid:  # the main process died before we got here
         return
     inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
 

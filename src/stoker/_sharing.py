@@ -1,0 +1,129 @@
+"""Large arrays of a dataset reach spawn and forkserver workers through shared memory.
+
+A fork worker inherits the dataset. A spawn or forkserver worker receives it pickled, which
+for a dataset holding a 200 MB array means 200 MB pickled, piped and unpickled per worker.
+`Packed(obj)` pickles `obj` inside the worker's start-up pickling, with every numpy array
+(or CPU torch tensor) of at least `SHARE_MIN_BYTES` replaced by a reference to an anonymous
+shared-memory copy made once in the main process, whatever the number of workers. The
+worker maps that copy privately (copy-on-write: writes stay in the worker, as with a
+pickled copy) and closes the descriptor; the main process closes its descriptors once the
+workers have started. Nothing has a name, so nothing outlives the processes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from multiprocessing import reduction
+from typing import Any
+
+import numpy as np
+
+from ._arena import _as_array, _libc
+
+SHARE_MIN_BYTES = 1 << 20
+
+
+class _SharingPickler(reduction.ForkingPickler):
+    def __init__(self, stream: io.BytesIO, packed: Packed) -> None:
+        super().__init__(stream, 5)
+        self.packed = packed
+        self.used: list[int] = []
+
+    def persistent_id(self, obj: Any) -> Any:
+        found = _as_array(obj)
+        if found is None or found[0].nbytes < SHARE_MIN_BYTES:
+            return None
+        index = self.packed.share(*found)
+        self.used.append(index)
+        return index
+
+
+class Packed:
+    """An object to send to spawn/forkserver workers with its large arrays in shared memory."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+        self._shared: dict[int, tuple[Any, int, int, str, tuple[int, ...], str]] = {}
+        self._order: list[int] = []
+
+    def share(self, array: np.ndarray, kind: str) -> int:
+        """The index of `array`'s shared copy, making it on first use."""
+        key = id(array)
+        if key not in self._shared:
+            nbytes = array.nbytes
+            fd = os.memfd_create("stoker-dataset", os.MFD_CLOEXEC)
+            try:
+                size = max(nbytes, 1)
+                os.ftruncate(fd, size)
+                os.posix_fallocate(fd, 0, size)
+                with open(os.dup(fd), "r+b", buffering=0) as f:
+                    f.write(memoryview(np.ascontiguousarray(array)).cast("B"))
+            except BaseException:
+                os.close(fd)
+                raise
+            # keep the array alive so its id() cannot be reused while we are packing
+            self._shared[key] = (array, fd, size, array.dtype.str, array.shape, kind)
+            self._order.append(key)
+        return self._order.index(key)
+
+    def __reduce__(self) -> Any:
+        stream = io.BytesIO()
+        pickler = _SharingPickler(stream, self)
+        pickler.dump(self.obj)
+        shared = []
+        for key in self._order:
+            _, fd, size, dtype, shape, kind = self._shared[key]
+            shared.append((reduction.DupFd(fd), size, dtype, shape, kind))
+        return _unpack, (stream.getvalue(), shared)
+
+    def close(self) -> None:
+        """Close the main process's descriptors (the workers hold their own)."""
+        for key in self._order:
+            os.close(self._shared[key][1])
+        self._shared.clear()
+        self._order.clear()
+
+
+_MAP_PRIVATE = 0x02
+_PROT_RW = 0x1 | 0x2
+
+
+def _map_private(fd: int, size: int) -> Any:
+    import ctypes
+
+    from ._arena import _MAP_FAILED, _Unmap
+
+    address = _libc.mmap(None, size, _PROT_RW, _MAP_PRIVATE, fd, 0)
+    if address is None or address == _MAP_FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mapping a shared dataset array failed: {os.strerror(err)}")
+    buffer = (ctypes.c_ubyte * size).from_address(address)
+    buffer._unmap = _Unmap(address, size)  # type: ignore[attr-defined]
+    return buffer
+
+
+def _unpack(body: bytes, shared: list[tuple[Any, int, str, tuple[int, ...], str]]) -> Any:
+    import pickle
+
+    arrays = []
+    for dupfd, size, dtype, shape, kind in shared:
+        fd = dupfd.detach()
+        try:
+            buffer = _map_private(fd, size)
+        finally:
+            os.close(fd)
+        dt = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        array = np.frombuffer(buffer, dtype=dt, count=count).reshape(shape)
+        if kind == "t":
+            import torch
+
+            array = torch.from_numpy(array)
+        arrays.append(array)
+
+    class Loader(pickle.Unpickler):
+        def persistent_load(self, pid: Any) -> Any:
+            return arrays[pid]
+
+    return Loader(io.BytesIO(body)).load()
