@@ -17,14 +17,14 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff check src tests $(wildcard benchmarks)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(VENV)/bin/stoker bench
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff check src tests $(wildcard benchmarks)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

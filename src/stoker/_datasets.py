@@ -1,0 +1,238 @@
+"""Datasets: map-style (`Dataset`: index -> sample) and iterable (`IterableDataset`)."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Generic, TypeVar
+
+from ._rng import GeneratorLike, RandomSource
+
+T_co = TypeVar("T_co", covariant=True)
+T = TypeVar("T")
+
+
+class Dataset(Generic[T_co]):
+    """A map-style dataset: `dataset[i]` is sample i. Subclasses define `__getitem__`
+    (and usually `__len__`); `__getitems__(indices)` may fetch a whole batch at once."""
+
+    def __getitem__(self, index: Any) -> T_co:
+        raise NotImplementedError("Subclasses of Dataset should implement __getitem__.")
+
+    def __add__(self, other: Dataset[T_co]) -> ConcatDataset[T_co]:
+        return ConcatDataset([self, other])
+
+
+class IterableDataset(Dataset[T_co], Iterable[T_co]):
+    """A dataset read as a stream. With workers, each worker iterates its own replica:
+    shard it with `get_worker_info()` to avoid duplicates."""
+
+    def __iter__(self) -> Iterator[T_co]:
+        raise NotImplementedError("Subclasses of IterableDataset should implement __iter__.")
+
+    def __add__(self, other: Dataset[T_co]) -> ChainDataset[T_co]:  # type: ignore[override]
+        return ChainDataset([self, other])
+
+
+def _length(obj: Any) -> int:
+    if hasattr(obj, "shape"):
+        return int(obj.shape[0]) if len(obj.shape) else 0
+    return len(obj)
+
+
+class TensorDataset(Dataset[tuple[Any, ...]]):
+    """Sample i is `tuple(t[i] for t in tensors)`; numpy arrays or torch tensors."""
+
+    def __init__(self, *tensors: Any) -> None:
+        if not tensors:
+            raise ValueError("TensorDataset needs at least one tensor or array")
+        if any(_length(tensors[0]) != _length(t) for t in tensors):
+            raise AssertionError("Size mismatch between tensors")
+        self.tensors = tensors
+
+    def __getitem__(self, index: Any) -> tuple[Any, ...]:
+        return tuple(t[index] for t in self.tensors)
+
+    def __len__(self) -> int:
+        return _length(self.tensors[0])
+
+
+class ArrayDataset(Dataset[Any]):
+    """MXNet's ArrayDataset: one array (or list) gives its items; several give tuples."""
+
+    def __init__(self, *arrays: Any) -> None:
+        if not arrays:
+            raise ValueError("ArrayDataset needs at least one array or list")
+        lengths = [_length(a) for a in arrays]
+        if len(set(lengths)) != 1:
+            raise ValueError(f"ArrayDataset needs arrays of equal length, but got lengths {lengths}")
+        self.arrays = arrays
+        self._length = lengths[0]
+
+    def __getitem__(self, index: Any) -> Any:
+        if len(self.arrays) == 1:
+            return self.arrays[0][index]
+        return tuple(a[index] for a in self.arrays)
+
+    def __len__(self) -> int:
+        return self._length
+
+
+class ConcatDataset(Dataset[T_co]):
+    """Several map-style datasets one after another."""
+
+    def __init__(self, datasets: Iterable[Dataset[T_co]]) -> None:
+        self.datasets = list(datasets)
+        if not self.datasets:
+            raise AssertionError("datasets should not be an empty iterable")
+        for d in self.datasets:
+            if isinstance(d, IterableDataset):
+                raise AssertionError("ConcatDataset does not support IterableDataset")
+        self.cumulative_sizes = list(itertools.accumulate(len(d) for d in self.datasets))  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return self.cumulative_sizes[-1]
+
+    def __getitem__(self, index: int) -> T_co:
+        if index < 0:
+            if -index > len(self):
+                raise ValueError("absolute value of index should not exceed dataset length")
+            index = len(self) + index
+        which = bisect.bisect_right(self.cumulative_sizes, index)
+        offset = self.cumulative_sizes[which - 1] if which else 0
+        return self.datasets[which][index - offset]
+
+
+class ChainDataset(IterableDataset[T_co]):
+    """Several iterable datasets one after another."""
+
+    def __init__(self, datasets: Iterable[Dataset[T_co]]) -> None:
+        self.datasets = datasets
+
+    def __iter__(self) -> Iterator[T_co]:
+        for d in self.datasets:
+            if not isinstance(d, IterableDataset):
+                raise AssertionError("ChainDataset only supports IterableDataset")
+            yield from d
+
+    def __len__(self) -> int:
+        total = 0
+        for d in self.datasets:
+            if not isinstance(d, IterableDataset):
+                raise AssertionError("ChainDataset only supports IterableDataset")
+            total += len(d)  # type: ignore[arg-type]
+        return total
+
+
+class Subset(Dataset[T_co]):
+    """The samples of `dataset` at `indices`."""
+
+    def __init__(self, dataset: Dataset[T_co], indices: Sequence[int]) -> None:
+        self.dataset = dataset
+        self.indices = indices
+
+    def __getitem__(self, index: Any) -> T_co:
+        if isinstance(index, list):
+            return self.dataset[[self.indices[i] for i in index]]
+        return self.dataset[self.indices[index]]
+
+    def __getitems__(self, indices: list[int]) -> list[T_co]:
+        wanted = [self.indices[i] for i in indices]
+        getitems = getattr(self.dataset, "__getitems__", None)
+        if callable(getitems):
+            return getitems(wanted)
+        return [self.dataset[i] for i in wanted]
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class StackDataset(Dataset[Any]):
+    """Samples of several equal-length datasets side by side: a tuple (`*args`) or a dict
+    (`**kwargs`)."""
+
+    def __init__(self, *args: Dataset[Any], **kwargs: Dataset[Any]) -> None:
+        if args and kwargs:
+            raise ValueError(
+                "Supported either ``tuple``- (via ``args``) or``dict``- (via ``kwargs``) like "
+                "input/output, but both types are given."
+            )
+        if not args and not kwargs:
+            raise ValueError("At least one dataset should be passed")
+        parts = list(args) if args else list(kwargs.values())
+        self._length = len(parts[0])  # type: ignore[arg-type]
+        if any(self._length != len(d) for d in parts):  # type: ignore[arg-type]
+            raise ValueError("Size mismatch between datasets")
+        self.datasets: tuple[Any, ...] | dict[str, Any] = args if args else kwargs
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(self.datasets, dict):
+            return {k: d[index] for k, d in self.datasets.items()}
+        return tuple(d[index] for d in self.datasets)
+
+    def _column(self, dataset: Any, indices: list[int]) -> list[Any]:
+        getitems = getattr(dataset, "__getitems__", None)
+        if not callable(getitems):
+            return [dataset[i] for i in indices]
+        items = getitems(indices)
+        if len(items) != len(indices):
+            raise ValueError(f"Nested dataset's output size mismatch. Expected {len(indices)}, got {len(items)}")
+        return list(items)
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        if isinstance(self.datasets, dict):
+            columns = {k: self._column(d, indices) for k, d in self.datasets.items()}
+            return [{k: col[j] for k, col in columns.items()} for j in range(len(indices))]
+        cols = [self._column(d, indices) for d in self.datasets]
+        return [tuple(col[j] for col in cols) for j in range(len(indices))]
+
+    def __len__(self) -> int:
+        return self._length
+
+
+def _split_lengths(n: int, lengths: Sequence[int | float]) -> list[int]:
+    if math.isclose(sum(lengths), 1) and sum(lengths) <= 1:
+        sizes = []
+        for i, fraction in enumerate(lengths):
+            if fraction < 0 or fraction > 1:
+                raise ValueError(f"Fraction at index {i} is not between 0 and 1")
+            sizes.append(math.floor(n * fraction))
+        for i in range(n - sum(sizes)):
+            sizes[i % len(sizes)] += 1
+        for i, size in enumerate(sizes):
+            if size == 0:
+                warnings.warn(
+                    f"Length of split at index {i} is 0. This might result in an empty dataset.",
+                    stacklevel=3,
+                )
+        return sizes
+    if any(not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in lengths):
+        raise ValueError(
+            f"lengths should be non-negative integers summing to the dataset's length, or fractions "
+            f"summing to 1, but got lengths={list(lengths)}"
+        )
+    if sum(lengths) != n:
+        raise ValueError("Sum of input lengths does not equal the length of the input dataset!")
+    return [int(x) for x in lengths]
+
+
+def random_split(
+    dataset: Dataset[T],
+    lengths: Sequence[int | float],
+    generator: GeneratorLike = None,
+    *,
+    _flavour: str = "numpy",
+) -> list[Subset[T]]:
+    """Split a dataset into non-overlapping random subsets of the given lengths or fractions.
+
+    With a torch.Generator the subsets equal torch's `random_split` exactly.
+    """
+    sizes = _split_lengths(len(dataset), lengths)  # type: ignore[arg-type]
+    order = RandomSource(generator, _flavour).draws().permutation(sum(sizes))
+    return [
+        Subset(dataset, order[end - size : end])
+        for end, size in zip(itertools.accumulate(sizes), sizes)
+    ]

@@ -1,0 +1,107 @@
+"""`DistributedSampler`: each of `num_replicas` processes reads its own shard of the dataset."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import numpy as np
+
+from ._samplers import Sampler
+
+
+def _from_torch_distributed() -> tuple[int, int] | None:
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.get_world_size(), dist.get_rank()
+
+
+def _from_env(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name} should be an integer, but got {name}={raw!r}") from None
+
+
+class DistributedSampler(Sampler[int]):
+    """Indices of one replica's shard; shuffled per epoch from `seed + epoch` when `shuffle`.
+
+    `num_replicas` and `rank` default to torch.distributed's world size and rank when it is
+    initialised, else to the `WORLD_SIZE` and `RANK` environment variables, else 1 and 0.
+    Without `drop_last`, indices are repeated so every replica gets the same number; with it,
+    the tail that does not divide evenly is dropped. Call `set_epoch` before each epoch.
+    """
+
+    _flavour = "numpy"
+
+    def __init__(
+        self,
+        dataset: Sized,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        if num_replicas is None or rank is None:
+            found = _from_torch_distributed()
+            if num_replicas is None:
+                num_replicas = found[0] if found else _from_env("WORLD_SIZE", 1)
+            if rank is None:
+                rank = found[1] if found else _from_env("RANK", 0)
+        if not isinstance(num_replicas, int) or isinstance(num_replicas, bool) or num_replicas <= 0:
+            raise ValueError(f"num_replicas should be a positive integer, but got num_replicas={num_replicas!r}")
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank >= num_replicas or rank < 0:
+            raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {num_replicas - 1}]")
+        self.dataset = dataset
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.epoch = 0
+        self.drop_last = drop_last
+        n = len(dataset)
+        if drop_last and n % num_replicas != 0:
+            self.num_samples = math.ceil((n - num_replicas) / num_replicas)
+        else:
+            self.num_samples = math.ceil(n / num_replicas)
+        self.total_size = self.num_samples * num_replicas
+        self.shuffle = shuffle
+        self.seed = seed
+
+    def _order(self) -> list[int]:
+        n = len(self.dataset)
+        if not self.shuffle:
+            return list(range(n))
+        if type(self)._flavour == "torch":
+            import torch
+
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            return torch.randperm(n, generator=g).tolist()
+        return np.random.default_rng(self.seed + self.epoch).permutation(n).tolist()
+
+    def __iter__(self) -> Iterator[int]:
+        indices = self._order()
+        if not self.drop_last:
+            padding = self.total_size - len(indices)
+            if indices and padding > 0:
+                indices += (indices * math.ceil(padding / len(indices)))[:padding]
+        else:
+            indices = indices[: self.total_size]
+        return iter(indices[self.rank : self.total_size : self.num_replicas])
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose order the next iteration gives (shuffle is seeded with seed + epoch)."""
+        self.epoch = epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "seed": self.seed}

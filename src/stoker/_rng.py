@@ -1,0 +1,147 @@
+"""One interface over the generators a user may pass: numpy, an int seed, or torch.
+
+Every random draw in stoker (samplers, `random_split`, the workers' base seed) goes through
+`RandomSource`, so that
+
+- a `torch.Generator` is consumed with torch's own operations, in torch's order, giving
+  exactly `torch.utils.data`'s sequence for the same seed;
+- a `numpy.random.Generator` is consumed directly;
+- an int seed becomes one `numpy.random.default_rng(seed)`, consumed across epochs;
+- no generator means the flavour's global RNG: numpy's (`np.random.seed` reproduces a run)
+  or torch's (`torch.manual_seed` does).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any, Union
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+GeneratorLike = Union[None, int, np.random.Generator, "torch.Generator"]
+FLAVOURS = ("numpy", "torch")
+_SEED_BOUND = 2**63
+
+
+def is_torch_generator(obj: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.Generator)
+
+
+def check_generator(generator: Any, argname: str = "generator") -> None:
+    """Raise TypeError unless `generator` is None, an int seed, a numpy or a torch Generator."""
+    if generator is None or is_torch_generator(generator):
+        return
+    if isinstance(generator, np.random.Generator):
+        return
+    if isinstance(generator, (int, np.integer)) and not isinstance(generator, bool):
+        if generator < 0:
+            raise ValueError(f"{argname} as an int seed must be non-negative, got {generator}")
+        return
+    raise TypeError(
+        f"{argname} should be None, an int seed, a numpy.random.Generator or a torch.Generator, "
+        f"but got {type(generator).__name__}"
+    )
+
+
+class _NumpyDraws:
+    def __init__(self, rng: Any) -> None:
+        self.rng = rng  # numpy Generator, or the legacy global RandomState
+
+    def permutation(self, n: int) -> list[int]:
+        return self.rng.permutation(n).tolist()
+
+    def integers(self, high: int, size: int) -> list[int]:
+        if isinstance(self.rng, np.random.Generator):
+            return self.rng.integers(0, high, size=size).tolist()
+        return self.rng.randint(0, high, size=size).tolist()
+
+    def multinomial(self, weights: np.ndarray, num_samples: int, replacement: bool) -> list[int]:
+        p = np.asarray(weights, dtype=np.float64)
+        return self.rng.choice(len(p), size=num_samples, replace=replacement, p=p / p.sum()).tolist()
+
+
+class _TorchDraws:
+    def __init__(self, generator: Any) -> None:
+        self.generator = generator  # a torch.Generator, or None for torch's global one
+
+    def permutation(self, n: int) -> list[int]:
+        import torch
+
+        return torch.randperm(n, generator=self.generator).tolist()
+
+    def integers(self, high: int, size: int) -> list[int]:
+        import torch
+
+        # torch's RandomSampler draws with replacement in chunks of 32; so do we, to stay in step
+        out: list[int] = []
+        for _ in range(size // 32):
+            out += torch.randint(high=high, size=(32,), dtype=torch.int64, generator=self.generator).tolist()
+        out += torch.randint(high=high, size=(size % 32,), dtype=torch.int64, generator=self.generator).tolist()
+        return out
+
+    def multinomial(self, weights: Any, num_samples: int, replacement: bool) -> list[int]:
+        import torch
+
+        w = torch.as_tensor(weights, dtype=torch.double)
+        return torch.multinomial(w, num_samples, replacement, generator=self.generator).tolist()
+
+
+Draws = Union[_NumpyDraws, _TorchDraws]
+
+
+class RandomSource:
+    """Where one random object (a sampler, a split, a loader) gets its randomness."""
+
+    def __init__(self, generator: GeneratorLike, flavour: str = "numpy") -> None:
+        check_generator(generator)
+        if flavour not in FLAVOURS:
+            raise ValueError(f"flavour must be one of {FLAVOURS}, got {flavour!r}")
+        self.generator = generator
+        self.flavour = flavour
+        self._own: np.random.Generator | None = None
+        if isinstance(generator, (int, np.integer)):
+            self._own = np.random.default_rng(int(generator))
+
+    def draws(self) -> Draws:
+        """Draws from the source itself (no generator: straight from the global RNG)."""
+        if self.generator is None:
+            if self.flavour == "torch":
+                return _TorchDraws(None)
+            return _NumpyDraws(np.random.mtrand._rand)
+        return self._direct()
+
+    def fresh_draws(self) -> Draws:
+        """Draws for one pass; with no generator, a new one seeded from the global RNG.
+
+        This is how torch's RandomSampler treats `generator=None`.
+        """
+        if self.generator is None:
+            if self.flavour == "torch":
+                import torch
+
+                seed = int(torch.empty((), dtype=torch.int64).random_().item())
+                return _TorchDraws(torch.Generator().manual_seed(seed))
+            return _NumpyDraws(np.random.default_rng(int(np.random.randint(0, 2**63 - 1, dtype=np.int64))))
+        return self._direct()
+
+    def _direct(self) -> Draws:
+        if is_torch_generator(self.generator):
+            return _TorchDraws(self.generator)
+        if self._own is not None:
+            return _NumpyDraws(self._own)
+        return _NumpyDraws(self.generator)
+
+    def seed64(self) -> int:
+        """One non-negative 63-bit seed, drawn as torch's DataLoader draws its base seed."""
+        if is_torch_generator(self.generator) or (self.generator is None and self.flavour == "torch"):
+            import torch
+
+            return int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
+        if self.generator is None:
+            return int(np.random.randint(0, _SEED_BOUND - 1, dtype=np.int64))
+        rng = self._own if self._own is not None else self.generator
+        return int(rng.integers(0, _SEED_BOUND - 1))

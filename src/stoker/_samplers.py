@@ -1,0 +1,242 @@
+"""Samplers: which sample indices an epoch visits, and how they are grouped into batches.
+
+Random samplers draw an epoch's whole order when their iterator starts (as torch does),
+so the order of an epoch is fixed by the state of their `RandomSource` at that moment and
+"skip the first k indices" resumes an epoch exactly. `BatchSampler` adds MXNet's
+`last_batch='rollover'`: the leftover indices of one epoch open the next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence, Sized
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+
+from ._rng import GeneratorLike, RandomSource
+
+T_co = TypeVar("T_co", covariant=True)
+
+LAST_BATCH_CHOICES = ("keep", "discard", "rollover")
+
+
+def _positive_int(value: Any, name: str) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} should be a positive integer value, but got {name}={value}")
+
+
+class Sampler(Generic[T_co]):
+    """Base class: an iterable over indices (or batches of indices) of a dataset."""
+
+    def __init__(self, data_source: Sized | None = None) -> None:
+        pass
+
+    def __iter__(self) -> Iterator[T_co]:
+        raise NotImplementedError(f"{type(self).__name__} must define __iter__")
+
+
+class SequentialSampler(Sampler[int]):
+    """Indices 0, 1, ..., len(data_source) - 1, in order."""
+
+    def __init__(self, data_source: Sized) -> None:
+        self.data_source = data_source
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(len(self.data_source)))
+
+    def __len__(self) -> int:
+        return len(self.data_source)
+
+
+class RandomSampler(Sampler[int]):
+    """A random order of the dataset's indices; with `replacement`, `num_samples` draws.
+
+    `generator` may be a numpy Generator, an int seed or a torch.Generator (torch's exact
+    sequence). Without one, each epoch is seeded from the flavour's global RNG.
+    """
+
+    _flavour = "numpy"
+
+    def __init__(
+        self,
+        data_source: Sized,
+        replacement: bool = False,
+        num_samples: int | None = None,
+        generator: GeneratorLike = None,
+    ) -> None:
+        self.data_source = data_source
+        self.replacement = replacement
+        self._num_samples = num_samples
+        self._source = RandomSource(generator, type(self)._flavour)
+        if not isinstance(self.replacement, bool):
+            raise TypeError(f"replacement should be a boolean value, but got replacement={self.replacement}")
+        if num_samples is not None:
+            _positive_int(num_samples, "num_samples")
+        elif len(data_source) <= 0:
+            raise ValueError(f"num_samples should be a positive integer value, but got num_samples={len(data_source)}")
+
+    @property
+    def generator(self) -> GeneratorLike:
+        return self._source.generator
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.data_source) if self._num_samples is None else int(self._num_samples)
+
+    def __iter__(self) -> Iterator[int]:
+        n = len(self.data_source)
+        draws = self._source.fresh_draws()
+        if self.replacement:
+            order = draws.integers(n, self.num_samples)
+        else:
+            order = []
+            for _ in range(self.num_samples // n):
+                order += draws.permutation(n)
+            order += draws.permutation(n)[: self.num_samples % n]
+        return iter(order)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class SubsetRandomSampler(Sampler[int]):
+    """The given indices in a random order, without replacement."""
+
+    _flavour = "numpy"
+
+    def __init__(self, indices: Sequence[int], generator: GeneratorLike = None) -> None:
+        self.indices = indices
+        self._source = RandomSource(generator, type(self)._flavour)
+
+    @property
+    def generator(self) -> GeneratorLike:
+        return self._source.generator
+
+    def __iter__(self) -> Iterator[int]:
+        indices = self.indices
+        return iter([indices[i] for i in self._source.draws().permutation(len(indices))])
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class WeightedRandomSampler(Sampler[int]):
+    """`num_samples` indices drawn with probability proportional to `weights`."""
+
+    _flavour = "numpy"
+
+    def __init__(
+        self,
+        weights: Sequence[float],
+        num_samples: int,
+        replacement: bool = True,
+        generator: GeneratorLike = None,
+    ) -> None:
+        _positive_int(num_samples, "num_samples")
+        if not isinstance(replacement, bool):
+            raise ValueError(f"replacement should be a boolean value, but got replacement={replacement}")
+        array = np.asarray(weights.numpy() if hasattr(weights, "numpy") else weights, dtype=np.float64)
+        if array.ndim != 1:
+            raise ValueError(
+                f"weights should be a 1d sequence but given weights have shape {tuple(array.shape)}"
+            )
+        if (array < 0).any() or not np.isfinite(array).all() or array.sum() <= 0:
+            raise ValueError("weights should be finite, non-negative and not all zero")
+        if not replacement and num_samples > np.count_nonzero(array):
+            raise ValueError(
+                f"num_samples={num_samples} cannot be drawn without replacement from "
+                f"{np.count_nonzero(array)} non-zero weights"
+            )
+        self.weights = weights if type(self)._flavour == "torch" else array
+        self._array = array
+        self.num_samples = int(num_samples)
+        self.replacement = replacement
+        self._source = RandomSource(generator, type(self)._flavour)
+
+    @property
+    def generator(self) -> GeneratorLike:
+        return self._source.generator
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._source.draws().multinomial(self._array, self.num_samples, self.replacement))
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class BatchSampler(Sampler[list[int]]):
+    """Groups another sampler's indices into lists of `batch_size`.
+
+    `last_batch` says what happens to a short final batch: 'keep' it (the default,
+    `drop_last=False`), 'discard' it (`drop_last=True`), or 'rollover' (MXNet): carry its
+    indices into the first batch of the next epoch.
+    """
+
+    def __init__(
+        self,
+        sampler: Sampler[int] | Iterable[int],
+        batch_size: int,
+        drop_last: bool = False,
+        *,
+        last_batch: str | None = None,
+    ) -> None:
+        _positive_int(batch_size, "batch_size")
+        if not isinstance(drop_last, bool):
+            raise ValueError(f"drop_last should be a boolean value, but got drop_last={drop_last}")
+        if last_batch is None:
+            last_batch = "discard" if drop_last else "keep"
+        elif last_batch not in LAST_BATCH_CHOICES:
+            raise ValueError(f"last_batch should be one of {LAST_BATCH_CHOICES}, but got last_batch={last_batch!r}")
+        elif drop_last and last_batch != "discard":
+            raise ValueError(
+                f"drop_last=True contradicts last_batch={last_batch!r}; give one of them "
+                "(drop_last=True is last_batch='discard')"
+            )
+        self.sampler = sampler
+        self.batch_size = int(batch_size)
+        self.last_batch = last_batch
+        self.drop_last = last_batch == "discard"
+        self._leftover: list[int] = []
+
+    @property
+    def rollover_indices(self) -> list[int]:
+        """Indices carried into the next epoch's first batch (rollover only)."""
+        return list(self._leftover)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rollover_indices": list(self._leftover)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._leftover = [int(i) for i in state.get("rollover_indices", [])]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        size = self.batch_size
+        batch: list[int] = []
+        if self.last_batch == "rollover":
+            batch, self._leftover = self._leftover, []
+        for index in self.sampler:
+            batch.append(index)
+            if len(batch) == size:
+                yield batch
+                batch = []
+        if batch:
+            if self.last_batch == "keep":
+                yield batch
+            elif self.last_batch == "rollover":
+                self._leftover = batch
+
+    def __len__(self) -> int:
+        n = len(self.sampler)  # type: ignore[arg-type]
+        if self.last_batch == "rollover":
+            return (n + len(self._leftover)) // self.batch_size
+        if self.drop_last:
+            return n // self.batch_size
+        return (n + self.batch_size - 1) // self.batch_size
+
+
+class InfiniteConstantSampler(Sampler[None]):
+    """Yields None forever: the index sampler of an IterableDataset."""
+
+    def __iter__(self) -> Iterator[None]:
+        while True:
+            yield None
