@@ -123,11 +123,16 @@ def collate_containers(
     recurse: Callable[[Sequence[Any]], Any],
     tuple_as_list: bool,
     dataclasses_too: bool,
+    transposed_as_tuples: bool = False,
 ) -> Any:
     """Collate a batch of containers by collating each field with `recurse`.
 
-    Returns NotImplemented when the first sample is not a container this handles.
+    The fields of sequences reach `recurse` as lists, or as tuples with
+    `transposed_as_tuples` (torch's behaviour, visible when a field is a string: its batch
+    stays the tuple). Returns NotImplemented when the first sample is not a container this
+    handles.
     """
+    column = tuple if transposed_as_tuples else list
     elem = batch[0]
     elem_type = type(elem)
     if isinstance(elem, collections.abc.Mapping):
@@ -153,7 +158,7 @@ def collate_containers(
         out = []
         for name, samples in zip(elem._fields, zip(*batch)):
             with at(name):
-                out.append(recurse(list(samples)))
+                out.append(recurse(column(samples)))
         return elem_type(*out)
     if dataclasses_too and dataclasses.is_dataclass(elem) and not isinstance(elem, type):
         _check_same_type(batch, elem_type, f"a {elem_type.__name__}")
@@ -179,7 +184,7 @@ def collate_containers(
         out = []
         for position, samples in enumerate(zip(*batch)):
             with at(position):
-                out.append(recurse(list(samples)))
+                out.append(recurse(column(samples)))
         if isinstance(elem, tuple):
             return out if tuple_as_list else tuple(out)
         try:

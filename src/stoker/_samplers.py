@@ -1,6 +1,6 @@
 """Samplers: which sample indices an epoch visits, and how they are grouped into batches.
 
-Random samplers draw an epoch's whole order when their iterator starts (as torch does),
+Random samplers draw an epoch's whole order at their iterator's first step (as torch does),
 so the order of an epoch is fixed by the state of their `RandomSource` at that moment and
 "skip the first k indices" resumes an epoch exactly. `BatchSampler` adds MXNet's
 `last_batch='rollover'`: the leftover indices of one epoch open the next.
@@ -93,7 +93,7 @@ class RandomSampler(Sampler[int]):
             for _ in range(self.num_samples // n):
                 order += draws.permutation(n)
             order += draws.permutation(n)[: self.num_samples % n]
-        return iter(order)
+        yield from order
 
     def __len__(self) -> int:
         return self.num_samples
@@ -114,7 +114,8 @@ class SubsetRandomSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         indices = self.indices
-        return iter([indices[i] for i in self._source.draws().permutation(len(indices))])
+        order = self._source.draws().permutation(len(indices))
+        yield from (indices[i] for i in order)
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -158,7 +159,7 @@ class WeightedRandomSampler(Sampler[int]):
         return self._source.generator
 
     def __iter__(self) -> Iterator[int]:
-        return iter(self._source.draws().multinomial(self._array, self.num_samples, self.replacement))
+        yield from self._source.draws().multinomial(self._array, self.num_samples, self.replacement)
 
     def __len__(self) -> int:
         return self.num_samples

@@ -1,0 +1,340 @@
+"""`DataLoader`: torch's arguments, checked with torch's exception types and wording, plus
+MXNet Gluon's `last_batch`, `batchify_fn` and `thread_pool`.
+
+The loader itself holds configuration only; `iter(loader)` hands the work to
+`_iterator.iter_loader`, which picks the engine.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import multiprocessing.context
+import os
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Generic, TypeVar
+
+from . import _collate
+from ._datasets import Dataset, IterableDataset
+from ._iterator import LoaderIterator, iter_loader
+from ._rng import GeneratorLike, check_generator
+from ._samplers import (
+    LAST_BATCH_CHOICES,
+    BatchSampler,
+    InfiniteConstantSampler,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+)
+
+T_co = TypeVar("T_co", covariant=True)
+
+_READ_ONLY = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
+
+
+def usable_cpus() -> int | None:
+    """CPUs this process may run on (its affinity mask), or None when unknown."""
+    if hasattr(os, "sched_getaffinity"):
+        try:
+            return len(os.sched_getaffinity(0))
+        except OSError:
+            pass
+    return os.cpu_count()
+
+
+def warn_if_too_many_workers(num_workers: int) -> None:
+    """torch's warning when more workers than usable CPUs are asked for."""
+    if not num_workers:
+        return
+    suggest = usable_cpus()
+    if suggest is not None and num_workers <= suggest:
+        return
+    if suggest is None:
+        detail = "DataLoader is not able to compute a suggested max number of worker in current system."
+    else:
+        cpuset = "" if hasattr(os, "sched_getaffinity") else " (`cpuset` is not taken into account)"
+        detail = (
+            f"Our suggested max number of worker in current system is {suggest}{cpuset}, which is "
+            "smaller than what this DataLoader is going to create."
+        )
+    warnings.warn(
+        f"This DataLoader will create {num_workers} worker processes in total. {detail} "
+        "Please be aware that excessive worker creation might get DataLoader running slow or "
+        "even freeze, lower the worker number to avoid potential slowness/freeze if necessary.",
+        stacklevel=4,
+    )
+
+
+def _check_int(value: Any, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} should be an int, but got {name}={value!r}")
+
+
+def _check_callable(value: Any, name: str) -> None:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} should be a callable or None, but got {name}={value!r}")
+
+
+def _check_bool(value: Any, name: str) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} should be True or False, but got {name}={value!r}")
+
+
+class DataLoader(Generic[T_co]):
+    """Combines a dataset and a sampler, and iterates over batches of the dataset.
+
+    The arguments are torch's `torch.utils.data.DataLoader` arguments, with torch's meaning;
+    see the README for how stoker delivers them. MXNet Gluon's extras:
+
+    - `last_batch`: 'keep' (default), 'discard' (same as `drop_last=True`) or 'rollover'
+      (a short last batch is carried into the first batch of the next epoch).
+    - `batchify_fn`: another name for `collate_fn`; give at most one of them.
+    - `thread_pool`: with `num_workers > 0`, workers are threads of this process instead of
+      processes (batches are passed by reference).
+
+    Batches keep numpy as numpy and tensors as tensors (`stoker.default_collate`); the
+    `stoker.torch` flavour turns them into tensors exactly as torch does.
+    """
+
+    _flavour = "numpy"
+    _random_sampler_cls: type[RandomSampler] = RandomSampler
+
+    dataset: Dataset[T_co]
+    batch_size: int | None
+    num_workers: int
+    pin_memory: bool
+    drop_last: bool
+    timeout: float
+    sampler: Sampler[Any] | Iterable[Any]
+    batch_sampler: Sampler[Sequence[Any]] | Iterable[Sequence[Any]] | None
+    prefetch_factor: int | None
+    _iterator: LoaderIterator[Any] | None
+
+    __initialized = False
+
+    def __init__(
+        self,
+        dataset: Dataset[T_co],
+        batch_size: int | None = 1,
+        shuffle: bool | None = None,
+        sampler: Sampler[Any] | Iterable[Any] | None = None,
+        batch_sampler: Sampler[Sequence[Any]] | Iterable[Sequence[Any]] | None = None,
+        num_workers: int = 0,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        pin_memory: bool = False,
+        drop_last: bool = False,
+        timeout: float = 0,
+        worker_init_fn: Callable[[int], None] | None = None,
+        multiprocessing_context: str | multiprocessing.context.BaseContext | None = None,
+        generator: GeneratorLike = None,
+        *,
+        prefetch_factor: int | None = None,
+        persistent_workers: bool = False,
+        pin_memory_device: str = "",
+        in_order: bool = True,
+        last_batch: str | None = None,
+        batchify_fn: Callable[[list[Any]], Any] | None = None,
+        thread_pool: bool = False,
+    ) -> None:
+        _check_int(num_workers, "num_workers")
+        if num_workers < 0:
+            raise ValueError(
+                "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing."
+            )
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout should be a number of seconds, but got timeout={timeout!r}")
+        if timeout < 0:
+            raise ValueError("timeout option should be non-negative")
+        if num_workers == 0 and prefetch_factor is not None:
+            raise ValueError(
+                "prefetch_factor option could only be specified in multiprocessing."
+                "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None."
+            )
+        if num_workers > 0 and prefetch_factor is None:
+            prefetch_factor = 2
+        elif prefetch_factor is not None:
+            _check_int(prefetch_factor, "prefetch_factor")
+            if prefetch_factor < 0:
+                raise ValueError("prefetch_factor option should be non-negative")
+        if persistent_workers and num_workers == 0:
+            raise ValueError("persistent_workers option needs num_workers > 0")
+        _check_callable(collate_fn, "collate_fn")
+        _check_callable(batchify_fn, "batchify_fn")
+        _check_callable(worker_init_fn, "worker_init_fn")
+        _check_bool(in_order, "in_order")
+        _check_bool(thread_pool, "thread_pool")
+        if not isinstance(pin_memory_device, str):
+            raise TypeError(f"pin_memory_device should be a str, but got pin_memory_device={pin_memory_device!r}")
+        check_generator(generator)
+        if batchify_fn is not None:
+            if collate_fn is not None:
+                raise ValueError(
+                    "collate_fn and batchify_fn are two names for the same argument; give only one"
+                )
+            collate_fn = batchify_fn
+        if last_batch is not None and last_batch not in LAST_BATCH_CHOICES:
+            raise ValueError(
+                f"last_batch should be one of {LAST_BATCH_CHOICES} or None, but got last_batch={last_batch!r}"
+            )
+
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory
+        self.pin_memory_device = pin_memory_device
+        self.timeout = timeout
+        self.worker_init_fn = worker_init_fn
+        self.multiprocessing_context = multiprocessing_context
+        self.in_order = in_order
+        self.thread_pool = thread_pool
+
+        if isinstance(dataset, IterableDataset):
+            self._dataset_kind = "iterable"
+            if shuffle not in {False, None}:
+                raise ValueError(
+                    f"DataLoader with IterableDataset: expected unspecified shuffle option, but got shuffle={shuffle}"
+                )
+            if sampler is not None:
+                raise ValueError(
+                    f"DataLoader with IterableDataset: expected unspecified sampler option, but got sampler={sampler}"
+                )
+            if batch_sampler is not None:
+                raise ValueError(
+                    "DataLoader with IterableDataset: expected unspecified "
+                    f"batch_sampler option, but got batch_sampler={batch_sampler}"
+                )
+            if last_batch == "rollover":
+                raise ValueError(
+                    "last_batch='rollover' needs a map-style dataset; an IterableDataset has no "
+                    "epoch order to carry indices across"
+                )
+        else:
+            shuffle = bool(shuffle)
+            self._dataset_kind = "map"
+
+        if sampler is not None and shuffle:
+            raise ValueError("sampler option is mutually exclusive with shuffle")
+
+        if last_batch is not None:
+            if batch_sampler is not None or batch_size is None:
+                raise ValueError(
+                    "last_batch applies to batches the DataLoader makes itself; it cannot be "
+                    "combined with batch_sampler or batch_size=None"
+                )
+            if drop_last and last_batch != "discard":
+                raise ValueError(
+                    f"drop_last=True contradicts last_batch={last_batch!r}; give one of them "
+                    "(drop_last=True is last_batch='discard')"
+                )
+            drop_last = last_batch == "discard"
+
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle or sampler is not None or drop_last:
+                raise ValueError(
+                    "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last"
+                )
+            batch_size = None
+            drop_last = False
+        elif batch_size is None:
+            if drop_last:
+                raise ValueError(
+                    "batch_size=None option disables auto-batching and is mutually exclusive with drop_last"
+                )
+
+        if sampler is None:
+            if self._dataset_kind == "iterable":
+                sampler = InfiniteConstantSampler()
+            elif shuffle:
+                sampler = self._random_sampler_cls(dataset, generator=generator)  # type: ignore[arg-type]
+            else:
+                sampler = SequentialSampler(dataset)  # type: ignore[arg-type]
+
+        if batch_size is not None and batch_sampler is None:
+            batch_sampler = BatchSampler(sampler, batch_size, drop_last, last_batch=last_batch)
+
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.last_batch = last_batch if last_batch is not None else ("discard" if drop_last else "keep")
+        self.sampler = sampler
+        self.batch_sampler = batch_sampler
+        self.generator = generator
+
+        if collate_fn is None:
+            collate_fn = self._default_collate() if self._auto_collation else self._default_convert()
+        self.collate_fn = collate_fn
+        self.persistent_workers = persistent_workers
+        self._iterable_len_called: int | None = None
+        self._iterator = None
+        self.__initialized = True
+        warn_if_too_many_workers(num_workers)
+
+    # ------------------------------------------------------------- flavour
+    @staticmethod
+    def _default_collate() -> Callable[[list[Any]], Any]:
+        return _collate.default_collate
+
+    @staticmethod
+    def _default_convert() -> Callable[[Any], Any]:
+        return _collate.default_convert
+
+    # ------------------------------------------------------------ attributes
+    @property
+    def multiprocessing_context(self) -> multiprocessing.context.BaseContext | None:
+        return self.__multiprocessing_context
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, context: Any) -> None:
+        if context is not None:
+            if self.num_workers <= 0:
+                raise ValueError(
+                    "multiprocessing_context can only be used with multi-process loading "
+                    f"(num_workers > 0), but got num_workers={self.num_workers}"
+                )
+            if isinstance(context, str):
+                methods = multiprocessing.get_all_start_methods()
+                if context not in methods:
+                    raise ValueError(
+                        f"multiprocessing_context option should specify a valid start method in "
+                        f"{methods!r}, but got multiprocessing_context={context!r}"
+                    )
+                context = multiprocessing.get_context(context)
+            if not isinstance(context, multiprocessing.context.BaseContext):
+                raise TypeError(
+                    "multiprocessing_context option should be a valid context object or a string "
+                    f"specifying the start method, but got multiprocessing_context={context}"
+                )
+        self.__multiprocessing_context = context
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__initialized and name in _READ_ONLY:
+            raise ValueError(f"{name} attribute should not be set after {type(self).__name__} is initialized")
+        super().__setattr__(name, value)
+
+    @property
+    def _auto_collation(self) -> bool:
+        return self.batch_sampler is not None
+
+    @property
+    def _index_sampler(self) -> Any:
+        return self.batch_sampler if self._auto_collation else self.sampler
+
+    # -------------------------------------------------------------- iteration
+    def __iter__(self) -> LoaderIterator[Any]:
+        """An iterator over one epoch's batches (with persistent workers, the next epoch of
+        the loader's one iterator)."""
+        return iter_loader(self)
+
+    def __len__(self) -> int:
+        """The number of batches in an epoch; for an IterableDataset, an estimate from
+        `len(dataset)` (a warning follows if more batches arrive)."""
+        if self._dataset_kind == "iterable":
+            length = self._iterable_len_called = len(self.dataset)  # type: ignore[arg-type]
+            if self.batch_size is not None:
+                length = length // self.batch_size if self.drop_last else math.ceil(length / self.batch_size)
+            return length
+        return len(self._index_sampler)
+
+    def check_worker_number_rationality(self) -> None:
+        """Warn (as torch does) when num_workers exceeds the CPUs this process may use."""
+        warn_if_too_many_workers(self.num_workers)

@@ -1,0 +1,119 @@
+"""The drop-in flavour: `from stoker.torch import DataLoader` replaces
+`from torch.utils.data import DataLoader`.
+
+Same names as `torch.utils.data` (plus `get_worker_info`). Batches are torch tensors made
+exactly as torch's `default_collate` makes them, and randomness without an explicit
+`generator` comes from torch's global RNG, so `torch.manual_seed` reproduces a run the way
+it does with torch. Needs torch (`pip install stoker[torch]`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised only without torch
+    raise ImportError(
+        "stoker.torch needs PyTorch; install it with `pip install stoker[torch]`, "
+        "or use `stoker` (numpy batches) instead"
+    ) from exc
+
+from . import _datasets, _distributed, _loader, _samplers
+from ._collate import CollateFnMap
+from ._datasets import (
+    ChainDataset,
+    ConcatDataset,
+    Dataset,
+    IterableDataset,
+    StackDataset,
+    Subset,
+    TensorDataset,
+)
+from ._errors import WorkerDiedError, WorkerError
+from ._rng import GeneratorLike
+from ._samplers import BatchSampler, Sampler, SequentialSampler
+from ._torch_collate import collate as _collate
+from ._torch_collate import default_collate, default_convert
+from ._torch_collate import default_collate_fn_map as _default_map
+from ._worker import WorkerInfo, get_worker_info
+
+T = TypeVar("T")
+
+
+class RandomSampler(_samplers.RandomSampler):
+    __doc__ = _samplers.RandomSampler.__doc__
+    _flavour = "torch"
+
+
+class SubsetRandomSampler(_samplers.SubsetRandomSampler):
+    __doc__ = _samplers.SubsetRandomSampler.__doc__
+    _flavour = "torch"
+
+
+class WeightedRandomSampler(_samplers.WeightedRandomSampler):
+    __doc__ = _samplers.WeightedRandomSampler.__doc__
+    _flavour = "torch"
+
+
+class DistributedSampler(_distributed.DistributedSampler):
+    __doc__ = _distributed.DistributedSampler.__doc__
+    _flavour = "torch"
+
+
+class DataLoader(_loader.DataLoader[T]):
+    __doc__ = _loader.DataLoader.__doc__
+    _flavour = "torch"
+    _random_sampler_cls = RandomSampler
+
+    @staticmethod
+    def _default_collate() -> Callable[[list[Any]], Any]:
+        return default_collate
+
+    @staticmethod
+    def _default_convert() -> Callable[[Any], Any]:
+        return default_convert
+
+
+def random_split(
+    dataset: Dataset[T], lengths: Sequence[int | float], generator: GeneratorLike = None
+) -> list[Subset[T]]:
+    """Split a dataset into non-overlapping random subsets; equals torch's `random_split`
+    for the same generator (torch's global RNG when none is given)."""
+    return _datasets.random_split(dataset, lengths, generator, _flavour="torch")
+
+
+def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
+    """torch's `collate`: dispatch on the first sample's type through `collate_fn_map`."""
+    return _collate(batch, collate_fn_map=collate_fn_map)
+
+
+default_collate_fn_map: CollateFnMap = _default_map()
+
+__all__ = [
+    "BatchSampler",
+    "ChainDataset",
+    "ConcatDataset",
+    "DataLoader",
+    "Dataset",
+    "DistributedSampler",
+    "IterableDataset",
+    "RandomSampler",
+    "Sampler",
+    "SequentialSampler",
+    "StackDataset",
+    "Subset",
+    "SubsetRandomSampler",
+    "TensorDataset",
+    "WeightedRandomSampler",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerInfo",
+    "collate",
+    "default_collate",
+    "default_collate_fn_map",
+    "default_convert",
+    "get_worker_info",
+    "random_split",
+]
