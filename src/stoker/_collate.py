@@ -50,7 +50,7 @@ def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 
 
 # ----------------------------------------------------------------- errors
-class _Located:
+class _Located(Exception):
     """Mixin for collate errors that learn their path on the way out of the recursion."""
 
     def __init__(self, reason: str) -> None:

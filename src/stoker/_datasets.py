@@ -37,6 +37,14 @@ class IterableDataset(Dataset[T_co], Iterable[T_co]):
         return ChainDataset([self, other])
 
 
+class DatasetValueError(ValueError, AssertionError):
+    """Datasets that do not fit together (torch asserts here; this is also a ValueError)."""
+
+
+class DatasetTypeError(TypeError, AssertionError):
+    """A dataset of the wrong kind (torch asserts here; this is also a TypeError)."""
+
+
 def _length(obj: Any) -> int:
     if hasattr(obj, "shape"):
         return int(obj.shape[0]) if len(obj.shape) else 0
@@ -50,7 +58,8 @@ class TensorDataset(Dataset[tuple[Any, ...]]):
         if not tensors:
             raise ValueError("TensorDataset needs at least one tensor or array")
         if any(_length(tensors[0]) != _length(t) for t in tensors):
-            raise AssertionError("Size mismatch between tensors")
+            sizes = [_length(t) for t in tensors]
+            raise DatasetValueError(f"Size mismatch between tensors: first dimensions {sizes}")
         self.tensors = tensors
 
     def __getitem__(self, index: Any) -> tuple[Any, ...]:
@@ -87,10 +96,13 @@ class ConcatDataset(Dataset[T_co]):
     def __init__(self, datasets: Iterable[Dataset[T_co]]) -> None:
         self.datasets = list(datasets)
         if not self.datasets:
-            raise AssertionError("datasets should not be an empty iterable")
+            raise DatasetValueError("datasets should not be an empty iterable")
         for d in self.datasets:
             if isinstance(d, IterableDataset):
-                raise AssertionError("ConcatDataset does not support IterableDataset")
+                raise DatasetTypeError(
+                    f"ConcatDataset does not support IterableDataset (got {type(d).__name__}); "
+                    "use ChainDataset for iterable datasets"
+                )
         self.cumulative_sizes = list(itertools.accumulate(len(d) for d in self.datasets))  # type: ignore[arg-type]
 
     def __len__(self) -> int:
@@ -101,6 +113,8 @@ class ConcatDataset(Dataset[T_co]):
             if -index > len(self):
                 raise ValueError("absolute value of index should not exceed dataset length")
             index = len(self) + index
+        elif index >= len(self):
+            raise IndexError(f"index {index} is out of range for a ConcatDataset of length {len(self)}")
         which = bisect.bisect_right(self.cumulative_sizes, index)
         offset = self.cumulative_sizes[which - 1] if which else 0
         return self.datasets[which][index - offset]
@@ -115,14 +129,20 @@ class ChainDataset(IterableDataset[T_co]):
     def __iter__(self) -> Iterator[T_co]:
         for d in self.datasets:
             if not isinstance(d, IterableDataset):
-                raise AssertionError("ChainDataset only supports IterableDataset")
+                raise DatasetTypeError(
+                    f"ChainDataset only supports IterableDataset, but got {type(d).__name__}; "
+                    "use ConcatDataset for map-style datasets"
+                )
             yield from d
 
     def __len__(self) -> int:
         total = 0
         for d in self.datasets:
             if not isinstance(d, IterableDataset):
-                raise AssertionError("ChainDataset only supports IterableDataset")
+                raise DatasetTypeError(
+                    f"ChainDataset only supports IterableDataset, but got {type(d).__name__}; "
+                    "use ConcatDataset for map-style datasets"
+                )
             total += len(d)  # type: ignore[arg-type]
         return total
 

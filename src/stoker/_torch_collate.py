@@ -67,8 +67,6 @@ def collate_numpy_array(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | 
         raise CollateTypeError(
             f"batch must contain tensors, numpy arrays, numbers, dicts or lists; found {elem.dtype}"
         )
-    if elem.shape == ():
-        return _tensor_from(batch)
     for i, a in enumerate(batch):
         if not isinstance(a, np.ndarray):
             raise CollateTypeError(f"sample 0 has a numpy array but sample {i} has {type(a).__name__}")
