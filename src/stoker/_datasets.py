@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import sys
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
@@ -35,6 +36,14 @@ class IterableDataset(Dataset[T_co], Iterable[T_co]):
 
     def __add__(self, other: Dataset[T_co]) -> ChainDataset[T_co]:  # type: ignore[override]
         return ChainDataset([self, other])
+
+
+def is_iterable_dataset(obj: Any) -> bool:
+    """True for stoker's IterableDataset and torch's (torch is not imported for this)."""
+    if isinstance(obj, IterableDataset):
+        return True
+    torch_data = sys.modules.get("torch.utils.data")
+    return torch_data is not None and isinstance(obj, torch_data.IterableDataset)
 
 
 class DatasetValueError(ValueError, AssertionError):
@@ -98,7 +107,7 @@ class ConcatDataset(Dataset[T_co]):
         if not self.datasets:
             raise DatasetValueError("datasets should not be an empty iterable")
         for d in self.datasets:
-            if isinstance(d, IterableDataset):
+            if is_iterable_dataset(d):
                 raise DatasetTypeError(
                     f"ConcatDataset does not support IterableDataset (got {type(d).__name__}); "
                     "use ChainDataset for iterable datasets"
@@ -128,7 +137,7 @@ class ChainDataset(IterableDataset[T_co]):
 
     def __iter__(self) -> Iterator[T_co]:
         for d in self.datasets:
-            if not isinstance(d, IterableDataset):
+            if not is_iterable_dataset(d):
                 raise DatasetTypeError(
                     f"ChainDataset only supports IterableDataset, but got {type(d).__name__}; "
                     "use ConcatDataset for map-style datasets"
@@ -138,7 +147,7 @@ class ChainDataset(IterableDataset[T_co]):
     def __len__(self) -> int:
         total = 0
         for d in self.datasets:
-            if not isinstance(d, IterableDataset):
+            if not is_iterable_dataset(d):
                 raise DatasetTypeError(
                     f"ChainDataset only supports IterableDataset, but got {type(d).__name__}; "
                     "use ConcatDataset for map-style datasets"

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
 from . import _collate
-from ._datasets import Dataset, IterableDataset
+from ._datasets import Dataset, is_iterable_dataset
 from ._iterator import LoaderIterator, iter_loader
 from ._rng import GeneratorLike, check_generator
 from ._samplers import (
@@ -189,7 +189,7 @@ class DataLoader(Generic[T_co]):
         self.in_order = in_order
         self.thread_pool = thread_pool
 
-        if isinstance(dataset, IterableDataset):
+        if is_iterable_dataset(dataset):
             self._dataset_kind = "iterable"
             if shuffle not in {False, None}:
                 raise ValueError(
