@@ -96,6 +96,9 @@ def first_mismatch(batch: Sequence[Any], get: Callable[[Any], Any]) -> tuple[int
 
 
 def _check_same_type(batch: Sequence[Any], kind: type | tuple[type, ...], what: str) -> None:
+    first = type(batch[0])
+    if all(type(item) is first for item in batch):
+        return
     for i, item in enumerate(batch):
         if not isinstance(item, kind):
             raise CollateTypeError(
@@ -138,8 +141,9 @@ def collate_containers(
     if isinstance(elem, collections.abc.Mapping):
         _check_same_type(batch, collections.abc.Mapping, "a mapping")
         keys = list(elem)
+        elem_keys = elem.keys()
         for i, d in enumerate(batch):
-            if len(d) != len(keys) or any(k not in d for k in keys):
+            if d.keys() != elem_keys:
                 raise CollateValueError(f"sample 0 has keys {keys} but sample {i} has keys {list(d)}")
         fields = {}
         for key in keys:

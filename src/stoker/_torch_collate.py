@@ -67,9 +67,21 @@ def collate_numpy_array(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | 
         raise CollateTypeError(
             f"batch must contain tensors, numpy arrays, numbers, dicts or lists; found {elem.dtype}"
         )
+    shape, dtype = elem.shape, elem.dtype
+    uniform = True
     for i, a in enumerate(batch):
         if not isinstance(a, np.ndarray):
             raise CollateTypeError(f"sample 0 has a numpy array but sample {i} has {type(a).__name__}")
+        if a.shape != shape or a.dtype != dtype:
+            uniform = False
+    if uniform and dtype.isnative:
+        # Same result as stacking torch.as_tensor of each, without a tensor per sample.
+        out = empty((len(batch), *shape), dtype)
+        np.stack(batch, out=out)
+        try:
+            return torch.from_numpy(out)
+        except TypeError:
+            pass  # a dtype torch cannot wrap: let torch raise its own error below
     return _checked_stack([torch.as_tensor(b) for b in batch])
 
 

@@ -1,0 +1,543 @@
+"""`stoker bench`: standard synthetic workloads through stoker and torch.utils.data.
+
+Every workload runs each loader (`stoker`, `stoker.torch`, and `torch.utils.data` when torch
+is installed) at each number of workers, with repetitions interleaved (the repetition loop
+is outermost) so that drifts of a noisy machine hit every loader alike. A run creates a
+fresh DataLoader and times one epoch from the arrival of its first batch to its end
+(steady state; W5 measures start-up). Figures are medians with min-max over the repetitions.
+
+Workloads (the issue's names):
+  W1 tiny dict samples      {"id": int, "x": 4 float32}, batch 256
+  W2 images                 3x224x224 uint8, batch 64
+  W3 CPU-heavy samples      ~2 ms of Python work each, batch 16
+  W4 iterable stream        128 float32 per sample, sharded with get_worker_info(), batch 256
+  W5 time to first batch    dataset holding a 10 MB / 200 MB array, fork and spawn, 2 workers
+  W6 epoch boundary         persistent workers, 2 workers: the gap between epochs vs one batch
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+import stoker
+
+IMAGE_SHAPE = (3, 224, 224)
+IMAGE_BYTES = int(np.prod(IMAGE_SHAPE))
+
+
+# ------------------------------------------------------------------ datasets
+class TinyDicts:
+    """W1: many tiny samples; per-sample and per-batch overhead dominate."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.x = np.random.default_rng(0).random((1024, 4), dtype=np.float32)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {"id": i, "x": self.x[i % 1024]}
+
+
+class Images:
+    """W2/W6: 3x224x224 uint8 images; bandwidth dominates."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.images = np.random.default_rng(0).integers(0, 255, (32, *IMAGE_SHAPE), dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.images[i % 32]
+
+
+def _busy(rounds: int) -> int:
+    total = 0
+    for i in range(rounds):
+        total += i * i % 7
+    return total
+
+
+def calibrate_busy(target_s: float = 0.002) -> int:
+    """Rounds of `_busy` that take about `target_s` on this machine."""
+    rounds = 10_000
+    while True:
+        start = time.perf_counter()
+        _busy(rounds)
+        took = time.perf_counter() - start
+        if took > 0.02:
+            return max(1, int(rounds * target_s / took))
+        rounds *= 2
+
+
+class CpuHeavy:
+    """W3: each sample costs ~2 ms of Python work; workers should scale with cores."""
+
+    def __init__(self, n: int, rounds: int) -> None:
+        self.n, self.rounds = n, rounds
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.full(8, _busy(self.rounds), np.int64)
+
+
+class HoldsArray:
+    """W5: a dataset holding one large array; what start-up costs under spawn."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.data = np.random.default_rng(0).integers(0, 255, nbytes, dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return 1024
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.data[i * 64 : i * 64 + 64]
+
+
+def _worker_info() -> Any:
+    info = stoker.get_worker_info()
+    if info is None and "torch" in sys.modules:
+        import torch.utils.data
+
+        info = torch.utils.data.get_worker_info()
+    return info
+
+
+class _StreamBody:
+    """W4: an iterable of 128-float32 rows, sharded across workers."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.rows = np.random.default_rng(0).random((256, 128), dtype=np.float32)
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        info = _worker_info()
+        start, step = (info.id, info.num_workers) if info is not None else (0, 1)
+        rows = self.rows
+        for i in range(start, self.n, step):
+            yield rows[i & 255]
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class StokerStream(_StreamBody, stoker.IterableDataset):
+    pass
+
+
+def _torch_stream_class() -> type:
+    import torch.utils.data
+
+    return type("TorchStream", (_StreamBody, torch.utils.data.IterableDataset), {"__module__": __name__})
+
+
+try:  # a module-level name, so spawn can pickle it
+    TorchStream = _torch_stream_class()
+except ImportError:
+    TorchStream = None  # type: ignore[assignment,misc]
+
+
+# ------------------------------------------------------------------- loaders
+def loader_modules(with_torch: bool) -> dict[str, Any]:
+    """The loaders to compare: name -> module with a DataLoader."""
+    mods: dict[str, Any] = {"stoker": stoker}
+    if with_torch:
+        try:
+            import torch
+            import torch.utils.data
+        except ImportError:
+            return mods
+        torch.set_num_threads(1)
+        mods["stoker.torch"] = importlib.import_module("stoker.torch")
+        mods["torch"] = torch.utils.data
+    return mods
+
+
+def _iterable_for(name: str, n: int) -> Any:
+    return TorchStream(n) if name == "torch" else StokerStream(n)
+
+
+# ------------------------------------------------------------------ results
+@dataclass
+class Result:
+    workload: str
+    loader: str
+    workers: int
+    variant: str = ""
+    unit: str = "samples/s"
+    values: list[float] = field(default_factory=list)
+    bytes_per_sample: int = 0
+    extra: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values)
+
+    def gbps(self) -> float | None:
+        if self.unit != "samples/s" or not self.bytes_per_sample:
+            return None
+        return self.median * self.bytes_per_sample / 1e9
+
+
+@dataclass
+class Sizes:
+    w1: int = 200_000
+    w2: int = 4096
+    w3: int = 512
+    w4: int = 200_000
+    w5_mb: tuple[int, ...] = (10, 200)
+    w6_images: int = 1024
+    w6_epochs: int = 4
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(w1=20_000, w2=512, w3=64, w4=20_000, w5_mb=(10, 50), w6_images=256, w6_epochs=3)
+
+
+def memcpy_gbps(nbytes: int = 256 << 20, reps: int = 5) -> float:
+    """One core's memcpy bandwidth: bytes copied per second, best of `reps`."""
+    src = np.ones(nbytes, np.uint8)
+    dst = np.empty_like(src)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best / 1e9
+
+
+def _epoch_rate(make: Callable[[], Any], samples: int) -> float:
+    """Steady-state samples/s over one epoch: from the first batch's arrival to the end.
+
+    Worker start-up is left out here; W5 measures it.
+    """
+    loader = make()
+    iterator = iter(loader)
+    first = next(iterator)
+    first_size = _batch_len(first)
+    del first
+    start = time.perf_counter()
+    for _batch in iterator:
+        pass
+    took = time.perf_counter() - start
+    del iterator, loader
+    gc.collect()
+    return (samples - first_size) / took
+
+
+def _batch_len(batch: Any) -> int:
+    if isinstance(batch, dict):
+        batch = next(iter(batch.values()))
+    return len(batch)
+
+
+def _first_batch_s(make: Callable[[], Any]) -> float:
+    loader = make()
+    start = time.perf_counter()
+    iterator = iter(loader)
+    next(iterator)
+    took = time.perf_counter() - start
+    del iterator, loader
+    gc.collect()
+    return took
+
+
+def _epoch_boundary(make: Callable[[], Any], epochs: int) -> tuple[float, float]:
+    """(worst gap between an epoch's last batch and the next epoch's first, median batch gap)."""
+    loader = make()
+    gaps: list[float] = []
+    boundaries: list[float] = []
+    last = None
+    for epoch in range(epochs):
+        first = True
+        for _batch in loader:
+            now = time.perf_counter()
+            if last is not None:
+                (boundaries if first and epoch > 0 else gaps).append(now - last)
+            first = False
+            last = now
+        # the user's end-of-epoch work (logging, checkpointing) happens here
+        last = time.perf_counter()
+    del loader
+    gc.collect()
+    return max(boundaries), statistics.median(gaps)
+
+
+# -------------------------------------------------------------------- runner
+@dataclass
+class Plan:
+    workloads: list[str]
+    workers: list[int]
+    reps: int
+    sizes: Sizes
+    with_torch: bool
+
+
+def _jobs(plan: Plan, mods: dict[str, Any], busy_rounds: int) -> list[tuple[str, str, int, str, Callable[[], Result | float]]]:
+    """(workload, loader, workers, variant, measure) for one repetition."""
+    s = plan.sizes
+    jobs: list[Any] = []
+    tiny, images, heavy = TinyDicts(s.w1), Images(s.w2), CpuHeavy(s.w3, busy_rounds)
+    for workers in plan.workers:
+        for name, mod in mods.items():
+
+            def add(workload: str, make: Callable[[], Any], samples: int, name: str = name, workers: int = workers) -> None:
+                jobs.append((workload, name, workers, "", lambda: _epoch_rate(make, samples)))
+
+            if "W1" in plan.workloads:
+                add("W1", lambda mod=mod, w=workers: mod.DataLoader(tiny, batch_size=256, num_workers=w), s.w1)
+            if "W2" in plan.workloads:
+                add("W2", lambda mod=mod, w=workers: mod.DataLoader(images, batch_size=64, num_workers=w), s.w2)
+            if "W3" in plan.workloads:
+                add("W3", lambda mod=mod, w=workers: mod.DataLoader(heavy, batch_size=16, num_workers=w), s.w3)
+            if "W4" in plan.workloads:
+                add(
+                    "W4",
+                    lambda mod=mod, w=workers, name=name: mod.DataLoader(
+                        _iterable_for(name, s.w4), batch_size=256, num_workers=w
+                    ),
+                    s.w4,
+                )
+    if "W5" in plan.workloads and any(w > 0 for w in plan.workers):
+        for mb in s.w5_mb:
+            holder = HoldsArray(mb << 20)
+            for method in ("fork", "spawn"):
+                for name, mod in mods.items():
+                    def make(mod: Any = mod, method: str = method, holder: HoldsArray = holder) -> Any:
+                        return mod.DataLoader(holder, batch_size=4, num_workers=2, multiprocessing_context=method)
+
+                    jobs.append(("W5", name, 2, f"{method} {mb} MB", lambda make=make: _first_batch_s(make)))
+    if "W6" in plan.workloads and any(w > 0 for w in plan.workers):
+        w6 = Images(s.w6_images)
+        for name, mod in mods.items():
+            def make_persistent(mod: Any = mod) -> Any:
+                return mod.DataLoader(w6, batch_size=64, num_workers=2, persistent_workers=True)
+
+            jobs.append(("W6", name, 2, "", lambda make=make_persistent: _epoch_boundary(make, s.w6_epochs)))
+    return jobs
+
+
+def run(plan: Plan, progress: bool = True) -> dict[str, Any]:
+    """Run the plan; returns the JSON-ready report."""
+    mods = loader_modules(plan.with_torch)
+    busy_rounds = calibrate_busy()
+    ceiling = memcpy_gbps()
+    results: dict[tuple[str, str, int, str], Result] = {}
+    first = _jobs(plan, mods, busy_rounds)
+    total = len(first) * plan.reps
+    bar = _progress(total) if progress else None
+    for rep in range(plan.reps):
+        jobs = first if rep == 0 else _jobs(plan, mods, busy_rounds)
+        for workload, name, workers, variant, measure in jobs:
+            if bar is not None:
+                bar.set_description(f"{workload} {name} w={workers} {variant}".strip())
+            key = (workload, name, workers, variant)
+            result = results.get(key)
+            if result is None:
+                result = results[key] = Result(workload, name, workers, variant)
+                if workload == "W2":
+                    result.bytes_per_sample = IMAGE_BYTES
+                elif workload == "W4":
+                    result.bytes_per_sample = 128 * 4
+                elif workload == "W5":
+                    result.unit = "s to first batch"
+                elif workload == "W6":
+                    result.unit = "boundary / batch"
+            value = measure()
+            if workload == "W6":
+                boundary, batch = value  # type: ignore[misc]
+                result.values.append(boundary / batch)
+                result.extra.setdefault("boundary_s", []).append(boundary)
+                result.extra.setdefault("batch_s", []).append(batch)
+            else:
+                result.values.append(float(value))  # type: ignore[arg-type]
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    rows = list(results.values())
+    return {
+        "machine": {"cpus": stoker._loader.usable_cpus(), "memcpy_gbps": ceiling, "python": sys.version.split()[0]},
+        "busy_rounds_per_2ms": busy_rounds,
+        "reps": plan.reps,
+        "sizes": asdict(plan.sizes),
+        "results": [asdict(r) | {"median": r.median, "gbps": r.gbps()} for r in rows],
+        "targets": targets(rows, ceiling),
+    }
+
+
+def _progress(total: int) -> Any:
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="run", file=sys.stderr, leave=False)
+
+
+# ------------------------------------------------------------------- targets
+def _find(rows: list[Result], workload: str, loader: str, workers: int, variant: str = "") -> Result | None:
+    for r in rows:
+        if (r.workload, r.loader, r.workers, r.variant) == (workload, loader, workers, variant):
+            return r
+    return None
+
+
+def targets(rows: list[Result], ceiling: float) -> list[dict[str, Any]]:
+    """The issue's targets at num_workers=2, stoker.torch vs torch.utils.data, as measured."""
+    out: list[dict[str, Any]] = []
+
+    def ratio_target(name: str, workload: str, need: float, variant: str = "", lower_is_better: bool = False) -> None:
+        ours, theirs = _find(rows, workload, "stoker.torch", 2, variant), _find(rows, workload, "torch", 2, variant)
+        if ours is None or theirs is None:
+            return
+        ratio = theirs.median / ours.median if lower_is_better else ours.median / theirs.median
+        met = ratio >= need
+        if lower_is_better:
+            shown = f"{ours.median / theirs.median:.3f}x torch's time (target <= {1 / need:.2f}x)"
+        else:
+            shown = f"{ratio:.2f}x torch (target >= {need:g}x)"
+        out.append({"target": name, "met": met, "value": ratio, "shown": shown})
+
+    ratio_target("W2 images samples/s vs torch", "W2", 5.0)
+    w2 = _find(rows, "W2", "stoker.torch", 2)
+    if w2 is not None:
+        share = w2.gbps() / ceiling  # type: ignore[operator]
+        out.append(
+            {
+                "target": "W2 images GB/s vs one-core memcpy",
+                "met": share >= 0.70,
+                "value": share,
+                "shown": f"{w2.gbps():.2f} GB/s = {share:.0%} of {ceiling:.1f} GB/s (target >= 70%)",
+            }
+        )
+    ratio_target("W1 tiny samples/s vs torch", "W1", 4.0)
+    ratio_target("W4 iterable samples/s vs torch", "W4", 2.0)
+    w3_0, w3_2 = _find(rows, "W3", "stoker.torch", 0), _find(rows, "W3", "stoker.torch", 2)
+    if w3_0 is not None and w3_2 is not None:
+        scaling = w3_2.median / (2 * w3_0.median)
+        out.append(
+            {
+                "target": "W3 CPU-heavy two-worker scaling",
+                "met": scaling >= 0.90,
+                "value": scaling,
+                "shown": f"{scaling:.0%} of ideal (target >= 90%)",
+            }
+        )
+    big = [r.variant for r in rows if r.workload == "W5" and r.variant.startswith("spawn")]
+    if big:
+        largest = max(big, key=lambda v: int(v.split()[1]))
+        ratio_target(f"W5 {largest} time to first batch vs torch", "W5", 4.0, largest, lower_is_better=True)
+    w6 = _find(rows, "W6", "stoker.torch", 2)
+    if w6 is not None:
+        out.append(
+            {
+                "target": "W6 epoch boundary with persistent workers",
+                "met": w6.median <= 1.0,
+                "value": w6.median,
+                "shown": f"{w6.median:.2f} batch times (target <= 1)",
+            }
+        )
+    return out
+
+
+# ------------------------------------------------------------------- output
+def _fmt_rate(x: float) -> str:
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M"
+    if x >= 1e3:
+        return f"{x / 1e3:.1f}k"
+    return f"{x:.1f}"
+
+
+def table(report: dict[str, Any]) -> str:
+    """The human-readable table of a report."""
+    lines = []
+    header = f"{'workload':<18}{'loader':<14}{'workers':>7}  {'median':>10}  {'min-max':>19}  {'GB/s':>6}  {'vs torch':>8}"
+    lines.append(header)
+    lines.append("-" * len(header))
+    rows = report["results"]
+    index = {(r["workload"], r["loader"], r["workers"], r["variant"]): r for r in rows}
+    for r in rows:
+        lo, hi = min(r["values"]), max(r["values"])
+        torch_row = index.get((r["workload"], "torch", r["workers"], r["variant"]))
+        vs = ""
+        if torch_row is not None and r["loader"] != "torch":
+            if r["unit"] == "samples/s":
+                vs = f"{r['median'] / torch_row['median']:.2f}x"
+            elif r["unit"] == "s to first batch":
+                vs = f"{r['median'] / torch_row['median']:.2f}x t"
+        if r["unit"] == "samples/s":
+            med, span = _fmt_rate(r["median"]), f"{_fmt_rate(lo)}-{_fmt_rate(hi)}"
+        elif r["unit"] == "s to first batch":
+            med, span = f"{r['median']:.3f}s", f"{lo:.3f}-{hi:.3f}s"
+        else:
+            med, span = f"{r['median']:.2f}", f"{lo:.2f}-{hi:.2f}"
+        gb = f"{r['gbps']:.2f}" if r["gbps"] is not None else ""
+        name = f"{r['workload']} {r['variant']}".strip()
+        lines.append(f"{name:<18}{r['loader']:<14}{r['workers']:>7}  {med:>10}  {span:>19}  {gb:>6}  {vs:>8}")
+    lines.append("")
+    lines.append(
+        "W1-W4: steady-state samples/s over one epoch after its first batch; W5: seconds to first batch "
+        "(t = time ratio); W6: worst epoch boundary / median batch gap."
+    )
+    lines.append(f"memcpy ceiling (one core): {report['machine']['memcpy_gbps']:.1f} GB/s")
+    if report["targets"]:
+        lines.append("")
+        lines.append("targets (num_workers=2, stoker.torch vs torch.utils.data):")
+        for t in report["targets"]:
+            lines.append(f"  {'MET   ' if t['met'] else 'MISSED'} {t['target']}: {t['shown']}")
+    return "\n".join(lines)
+
+
+def chart(report: dict[str, Any], path: str) -> bool:
+    """A bar chart of samples/s per workload and loader; False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [r for r in report["results"] if r["unit"] == "samples/s"]
+    workloads = sorted({r["workload"] for r in rows})
+    if not workloads:
+        return False
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4 * len(workloads), 3.6), squeeze=False)
+    for ax, workload in zip(axes[0], workloads):
+        mine = [r for r in rows if r["workload"] == workload]
+        labels = [f"{r['loader']}\nw={r['workers']}" for r in mine]
+        ax.bar(range(len(mine)), [r["median"] for r in mine], color=[_colour(r["loader"]) for r in mine])
+        ax.set_xticks(range(len(mine)), labels, fontsize=6, rotation=90)
+        ax.set_title(workload)
+        ax.set_ylabel("samples/s")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def _colour(loader: str) -> str:
+    return {"stoker": "#e07b39", "stoker.torch": "#c0392b", "torch": "#7f8c8d"}.get(loader, "#333333")
+
+
+def save_json(report: dict[str, Any], path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2, default=str)
