@@ -59,7 +59,11 @@ class IterableFetcher:
         if self._ended:
             raise EndOfStream
         if self._iterator is None:
+            # A replica whose __iter__ raises reports it once and is then exhausted for the
+            # epoch; calling __iter__ again for every later task would repeat the error.
+            self._ended = True
             self._iterator = iter(self.dataset)
+            self._ended = False
         iterator = self._iterator
         if not self.auto_collation:
             try:
