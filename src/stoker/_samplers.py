@@ -8,6 +8,7 @@ so the order of an epoch is fixed by the state of their `RandomSource` at that m
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import Any, Generic, TypeVar
 
@@ -212,14 +213,19 @@ class BatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         size = self.batch_size
-        batch: list[int] = []
-        if self.last_batch == "rollover":
-            batch, self._leftover = self._leftover, []
-        for index in self.sampler:
-            batch.append(index)
-            if len(batch) == size:
-                yield batch
-                batch = []
+        indices = iter(self.sampler)
+        if self.last_batch == "rollover" and self._leftover:
+            carried, self._leftover = self._leftover, []
+            batch = carried + list(itertools.islice(indices, size - len(carried)))
+            if len(batch) < size:
+                self._leftover = batch
+                return
+            yield batch
+        while True:
+            batch = list(itertools.islice(indices, size))  # C-speed chunking
+            if len(batch) < size:
+                break
+            yield batch
         if batch:
             if self.last_batch == "keep":
                 yield batch
