@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from ._protocol import Done, Reply
+from ._transport import recv_out_of_band
 
 ALIGN = 64
 GROWTH = 1.25
@@ -120,16 +121,18 @@ class _Unmap:
         _libc.munmap(self.address, self.size)
 
 
-def map_fd(fd: int, size: int) -> Any:
+def map_fd(fd: int, size: int, private: bool = False, what: str = "shared-memory slot") -> Any:
     """Map a shared-memory fd; the fd may be closed at once (Python's mmap would keep a dup).
 
-    Returns a ctypes byte array over the mapping, unmapped when it is garbage-collected —
-    which numpy views of it prevent while they live.
+    `private` maps copy-on-write: writes stay in this process. Returns a ctypes byte array
+    over the mapping, unmapped when it is garbage-collected — which numpy views of it
+    prevent while they live.
     """
-    address = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    flags = mmap.MAP_PRIVATE if private else mmap.MAP_SHARED
+    address = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
     if address is None or address == _MAP_FAILED:
         err = ctypes.get_errno()
-        raise OSError(err, f"mmap of a {size}-byte shared-memory slot failed: {os.strerror(err)}")
+        raise OSError(err, f"mmap of a {size}-byte {what} failed: {os.strerror(err)}")
     buffer = (ctypes.c_ubyte * size).from_address(address)
     buffer._unmap = _Unmap(address, size)  # type: ignore[attr-defined]
     return buffer
@@ -375,17 +378,8 @@ class Arena:
             return pickle.loads(conn.recv_bytes())
         if kind == "oob":
             _, task_id, sizes = header
-            body = conn.recv_bytes()
-            buffers = []
-            for size in sizes:
-                buffer = bytearray(size)
-                if size:
-                    conn.recv_bytes_into(buffer)
-                else:
-                    conn.recv_bytes()
-                buffers.append(buffer)
             self._warn_fallback()
-            return Done(task_id, pickle.loads(body, buffers=buffers))
+            return Done(task_id, recv_out_of_band(conn, sizes))
         _, task_id, placed, new, retired, _ = header
         body = conn.recv_bytes()
         pool = self.pools[worker_id]

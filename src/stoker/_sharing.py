@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ._arena import _as_array, _libc
+from ._arena import _as_array, map_fd
 
 SHARE_MIN_BYTES = 1 << 20
 
@@ -85,22 +85,8 @@ class Packed:
         self._order.clear()
 
 
-_MAP_PRIVATE = 0x02
-_PROT_RW = 0x1 | 0x2
-
-
 def _map_private(fd: int, size: int) -> Any:
-    import ctypes
-
-    from ._arena import _MAP_FAILED, _Unmap
-
-    address = _libc.mmap(None, size, _PROT_RW, _MAP_PRIVATE, fd, 0)
-    if address is None or address == _MAP_FAILED:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mapping a shared dataset array failed: {os.strerror(err)}")
-    buffer = (ctypes.c_ubyte * size).from_address(address)
-    buffer._unmap = _Unmap(address, size)  # type: ignore[attr-defined]
-    return buffer
+    return map_fd(fd, size, private=True, what="shared dataset array")
 
 
 def _unpack(body: bytes, shared: list[tuple[Any, int, str, tuple[int, ...], str]]) -> Any:

@@ -78,13 +78,18 @@ class PickleTransport:
         header = conn.recv_bytes()
         (count,) = _COUNT.unpack_from(header)
         sizes = [_COUNT.unpack_from(header, 8 * (i + 1))[0] for i in range(count)]
-        body = conn.recv_bytes()
-        buffers = []
-        for size in sizes:
-            buffer = bytearray(size)
-            if size:
-                conn.recv_bytes_into(buffer)
-            else:
-                conn.recv_bytes()
-            buffers.append(buffer)
-        return pickle.loads(body, buffers=buffers)
+        return recv_out_of_band(conn, sizes)
+
+
+def recv_out_of_band(conn: Connection, sizes: list[int]) -> Any:
+    """Read a pickle-5 body and its out-of-band buffers of the given sizes; unpickle."""
+    body = conn.recv_bytes()
+    buffers = []
+    for size in sizes:
+        buffer = bytearray(size)
+        if size:
+            conn.recv_bytes_into(buffer)
+        else:
+            conn.recv_bytes()
+        buffers.append(buffer)
+    return pickle.loads(body, buffers=buffers)

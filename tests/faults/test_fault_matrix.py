@@ -69,6 +69,19 @@ def check_died(result: dict, signal_name: str | None) -> None:
     assert result["after_error"] == "RuntimeError", "a broken iterator must refuse to continue"
 
 
+SIGNALS = {"sigkill": "SIGKILL", "sigsegv": "SIGSEGV", "exit": None}
+
+
+def check(result: dict, kind: str, place: str) -> None:
+    check_common(result, place)
+    if kind == "raise":
+        check_raise(result, place)
+    elif kind == "hang":
+        check_hang(result)
+    else:
+        check_died(result, SIGNALS[kind])
+
+
 def check_hang(result: dict) -> None:
     assert result["error"] == "RuntimeError", result
     assert "timed out after 2 seconds" in result["message"], result["message"]
@@ -82,14 +95,7 @@ def test_fork_fault_matrix(tmp_path, kind: str, place: str) -> None:
     spec = {"kind": kind, "place": place, "engine": "fork"}
     if kind == "hang":
         spec["timeout"] = 2
-    result = run_scenario(tmp_path, **spec)
-    check_common(result, place)
-    if kind == "raise":
-        check_raise(result, place)
-    elif kind == "hang":
-        check_hang(result)
-    else:
-        check_died(result, {"sigkill": "SIGKILL", "sigsegv": "SIGSEGV", "exit": None}[kind])
+    check(run_scenario(tmp_path, **spec), kind, place)
 
 
 @pytest.mark.timeout(120)
@@ -99,14 +105,7 @@ def test_spawn_and_forkserver_faults(tmp_path, engine: str, kind: str, place: st
     spec = {"kind": kind, "place": place, "engine": engine}
     if kind == "hang":
         spec["timeout"] = 2
-    result = run_scenario(tmp_path, **spec)
-    check_common(result, place)
-    if kind == "raise":
-        check_raise(result, place)
-    elif kind == "hang":
-        check_hang(result)
-    else:
-        check_died(result, {"sigkill": "SIGKILL", "sigsegv": "SIGSEGV"}[kind])
+    check(run_scenario(tmp_path, **spec), kind, place)
 
 
 @pytest.mark.timeout(120)
@@ -118,9 +117,4 @@ def test_thread_worker_faults(tmp_path, kind: str, place: str) -> None:
     spec = {"kind": kind, "place": place, "engine": "threads", "hang_s": 3, "settle": 12}
     if kind == "hang":
         spec["timeout"] = 2
-    result = run_scenario(tmp_path, **spec)
-    check_common(result, place)
-    if kind == "raise":
-        check_raise(result, place)
-    else:
-        check_hang(result)
+    check(run_scenario(tmp_path, **spec), kind, place)
