@@ -127,6 +127,12 @@ class LoaderIterator(Generic[T]):
         self._yielded = 0
         self._prefetch_next = plan.persistent and not _has_set_epoch(plan.index_sampler)
         if plan.pin_memory:
+            if getattr(loader, "pin_memory_device", ""):
+                warnings.warn(
+                    "pin_memory_device is deprecated, the current accelerator will be used as "
+                    f"the device, ignore pin_memory_device='{loader.pin_memory_device}'.",
+                    stacklevel=3,
+                )
             self._pin = _pin_function(loader)
         else:
             self._pin = None

@@ -221,3 +221,15 @@ def test_torch_flavour_yields_tensors() -> None:
     batch = next(iter(st.DataLoader(Squares(4), batch_size=2)))
     assert isinstance(batch["i"], torch.Tensor) and batch["i"].dtype == torch.int64
     assert isinstance(batch["x"], torch.Tensor) and batch["x"].dtype == torch.int32
+
+
+def test_pin_memory_without_accelerator_warns_and_still_delivers() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.accelerator.is_available():
+        pytest.skip("this machine has an accelerator")
+    loader = DataLoader(Squares(4), batch_size=2, pin_memory=True, pin_memory_device="cuda")
+    with pytest.warns(UserWarning) as caught:
+        batches = list(loader)
+    messages = " ".join(str(w.message) for w in caught)
+    assert "pin_memory_device is deprecated" in messages and "no accelerator is found" in messages
+    assert [b["i"].tolist() for b in batches] == [[0, 1], [2, 3]]
