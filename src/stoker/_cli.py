@@ -41,9 +41,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    # Before numpy/torch start their thread pools: workers and the main process must not
-    # oversubscribe the cores with BLAS/OpenMP threads.
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Set before torch is imported (numpy already is, through the stoker package) and
+    # inherited by workers, spawned ones included: workers and the main process must not
+    # oversubscribe the cores with OpenMP threads. Forced rather than defaulted, so that runs
+    # compare on any shell.
+    os.environ["OMP_NUM_THREADS"] = "1"
     from . import _bench as bench
 
     workloads = [w.upper() for w in (args.workloads if isinstance(args.workloads, list) else _csv(args.workloads))]
