@@ -106,12 +106,12 @@ class ExceptionInfo:
             pickle.dumps(self.exc_type)
         except Exception:
             state["exc_type"] = None
-            state["type_name"] = getattr(self.exc_type, "__qualname__", "Exception")
+            state["unpicklable_type_name"] = getattr(self.exc_type, "__qualname__", "Exception")
         return state
 
     def type_name(self) -> str:
         if self.exc_type is None:
-            return self.__dict__.get("type_name", "Exception")
+            return self.__dict__.get("unpicklable_type_name", "Exception")
         return self.exc_type.__name__
 
     def rebuild(self) -> BaseException:

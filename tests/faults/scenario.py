@@ -25,13 +25,14 @@ import stoker
 from leakcheck import Snapshot
 
 FAULT_AT = 5  # the sample index (map-style) or item number (iterable) that faults
+SLOW_S = 0.5
 
 
 def fault(kind: str, stamp: str) -> None:
     """Do the planted fault; record when, for the reporting-latency check."""
     if not os.path.exists(stamp):  # the first fault is the one being reported
         with open(stamp + ".tmp", "w") as f:
-            f.write(repr(time.time()))
+            f.write(json.dumps({"time": time.time(), "pid": os.getpid()}))
         os.replace(stamp + ".tmp", stamp)
     print(f"FAULT {kind} pid={os.getpid()}", file=sys.stderr, flush=True)
     if kind == "raise":
@@ -40,6 +41,8 @@ def fault(kind: str, stamp: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if kind == "sigsegv":
         ctypes.string_at(0)  # a real segmentation fault, not a signal sent by hand
+    if kind == "sigsegv_signal":
+        os.kill(os.getpid(), signal.SIGSEGV)  # the same signal, sent by hand
     if kind == "exit":
         os._exit(7)
     if kind == "hang":
@@ -51,13 +54,18 @@ def fault(kind: str, stamp: str) -> None:
 
 
 class Faulty(stoker.Dataset):
-    def __init__(self, kind: str, place: str, stamp: str, n: int = 12) -> None:
-        self.kind, self.place, self.stamp, self.n = kind, place, stamp, n
+    """`slow_at`: that sample takes SLOW_S, so the fault at FAULT_AT (another worker's) may
+    happen before it is delivered."""
+
+    def __init__(self, kind: str, place: str, stamp: str, n: int = 12, slow_at: int | None = None) -> None:
+        self.kind, self.place, self.stamp, self.n, self.slow_at = kind, place, stamp, n, slow_at
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> Any:
+        if i == self.slow_at:
+            time.sleep(SLOW_S)
         if self.place == "getitem" and i == FAULT_AT:
             fault(self.kind, self.stamp)
         return np.full(4, i, np.int64)
@@ -128,12 +136,12 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     if place in ("iter", "next"):
         dataset: Any = FaultyStream(kind, place, stamp)
     else:
-        dataset = Faulty(kind, place, stamp)
+        dataset = Faulty(kind, place, stamp, slow_at=spec.get("slow_at"))
     if place == "collate":
         kwargs["collate_fn"] = FaultyCollate(kind, stamp)
     if place == "init":
         kwargs["worker_init_fn"] = FaultyInit(kind, stamp)
-    out: dict[str, Any] = {"batches": [], "error": None}
+    out: dict[str, Any] = {"batches": [], "error": None, "slow_at": spec.get("slow_at")}
     loader = stoker.DataLoader(dataset, **kwargs)
     iterator = iter(loader)
     try:
@@ -155,7 +163,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             out["after_error"] = type(again).__name__
     if os.path.exists(stamp):
         with open(stamp) as f:
-            out["fault_at"] = float(f.read())
+            stamped = json.load(f)
+        out["fault_at"], out["fault_pid"] = stamped["time"], stamped["pid"]
     del iterator, loader
     gc.collect()
     out["leaks"] = before.wait_clean(timeout=float(spec.get("settle", 8)))

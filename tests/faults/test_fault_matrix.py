@@ -1,8 +1,12 @@
-"""The fault matrix: a worker that raises, is killed, segfaults, exits or hangs — in
-`__getitem__`, collate, `worker_init_fn`, an iterable's `__iter__` or its items.
+"""The fault matrix: a worker that raises, is SIGKILLed, segfaults (a real one, or SIGSEGV sent
+to itself), exits or hangs — in `__getitem__`, collate, `worker_init_fn`, an iterable's
+`__iter__` or its items — under fork (everything), spawn and forkserver (a subset) and
+thread workers (raise and hang).
 
 Each case runs in a child process (scenario.py) under a hard timeout; the child reports
-what the loop saw and whether any process, thread, fd or /dev/shm entry was left behind.
+what the loop saw (batches, error type and message, the faulting pid, when the fault
+happened and when the error came) and whether any process, thread, fd or /dev/shm entry
+was left behind once the iterator was dropped.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PLACES = ["getitem", "collate", "init", "iter", "next"]
-CHILD_TIMEOUT_S = 60
+CHILD_TIMEOUT_S = 30
 
 
 def run_scenario(tmp_path, **spec) -> dict:
@@ -35,33 +39,53 @@ def run_scenario(tmp_path, **spec) -> dict:
     return json.loads(lines[-1][len("RESULT ") :])
 
 
-def check_common(result: dict, place: str) -> None:
+# the places where the fault hits sample 5 itself; batches 0..4 must all come first
+AT_SAMPLE_5 = ("getitem", "collate", "next")
+SIGNALS = {"sigkill": "SIGKILL (9)", "sigsegv": "SIGSEGV (11)", "sigsegv_signal": "SIGSEGV (11)", "exit": None}
+HANG_TIMEOUT_S = 2
+
+
+def check_common(result: dict, kind: str, place: str) -> None:
     batches = result["batches"]
     assert batches == list(range(len(batches))), f"batches out of order or lost: {batches}"
     assert len(batches) <= 5, "a batch at or after the fault was delivered"
-    if place in ("getitem", "collate", "next") and result["error"] in ("ValueError",):
-        assert batches == [0, 1, 2, 3, 4], "the batches before the faulty one must come first"
+    if place in AT_SAMPLE_5 and (kind in ("raise", "hang") or result.get("slow_at") is not None):
+        assert batches == [0, 1, 2, 3, 4], f"the batches before the faulty one must come first: {batches}"
+    # When a worker dies, whether batch 4 (worker 0's) was already delivered is a race in
+    # stoker (it raises at once, dropping it); test_death_does_not_discard_earlier_batches
+    # makes that race deterministic and checks it. Here the prefix property above holds.
+    assert result["error"] is not None, "the fault was never reported"
+    assert "fault_pid" in result, "the planted fault never ran"
     assert result["leaks"] == [], result["leaks"]
 
 
 def check_raise(result: dict, place: str) -> None:
     assert result["error"] == "ValueError", result
     message = result["message"]
-    assert re.search(r"Caught ValueError in DataLoader (thread )?worker \d", message), message
-    assert "planted fault" in message
+    match = re.search(r"Caught ValueError in DataLoader (thread )?worker (\d) \(pid (\d+)\)", message)
+    assert match, message
+    assert int(match.group(3)) == result["fault_pid"], f"wrong pid named: {message}"
+    assert "planted fault at 5" in message, message
     if place in ("getitem", "collate"):
-        assert "[5]" in message, message
+        assert "sample indices [5]" in message, message
+        assert match.group(2) == "1", f"sample 5 is worker 1's (round robin): {message}"
+    if place == "init":
+        assert "worker_init_fn" in message, message
+    if place in ("iter", "next"):
+        assert "iterable dataset" in message, message
     assert result["has_remote_traceback"]
+    assert result["error_at"] - result["fault_at"] < 1.0, "an exception must be reported promptly"
     if place in ("getitem", "collate"):
         assert result["after_error"] == "yielded", "a sample's error must not end the epoch"
 
 
-def check_died(result: dict, signal_name: str | None) -> None:
+def check_died(result: dict, kind: str) -> None:
     assert result["is_worker_died"] and result["is_runtime_error"], result
     message = result["message"]
-    assert "pid" in message, message
+    assert f"(pid {result['fault_pid']})" in message, f"the dead worker's pid must be named: {message}"
+    signal_name = SIGNALS[kind]
     if signal_name is not None:
-        assert signal_name in message, message
+        assert f"killed by signal {signal_name}" in message, message
     else:
         assert "exit code 7" in message, message
     latency = result["error_at"] - result["fault_at"]
@@ -69,52 +93,75 @@ def check_died(result: dict, signal_name: str | None) -> None:
     assert result["after_error"] == "RuntimeError", "a broken iterator must refuse to continue"
 
 
-SIGNALS = {"sigkill": "SIGKILL", "sigsegv": "SIGSEGV", "exit": None}
+def check_hang(result: dict, engine: str) -> None:
+    assert result["error"] == "RuntimeError" and not result["is_worker_died"], result
+    message = result["message"]
+    assert f"timed out after {HANG_TIMEOUT_S} seconds" in message, message
+    assert "waiting for batch" in message and "from worker" in message, message
+    if engine != "threads":
+        assert f"(pid {result['fault_pid']})" in message, f"the hung worker's pid must be named: {message}"
+    latency = result["error_at"] - result["fault_at"]
+    assert latency < HANG_TIMEOUT_S + 1.5, f"timeout reported {latency:.2f} s after the hang began"
 
 
-def check(result: dict, kind: str, place: str) -> None:
-    check_common(result, place)
+def check(result: dict, kind: str, place: str, engine: str) -> None:
+    check_common(result, kind, place)
     if kind == "raise":
         check_raise(result, place)
     elif kind == "hang":
-        check_hang(result)
+        check_hang(result, engine)
     else:
-        check_died(result, SIGNALS[kind])
+        check_died(result, kind)
 
 
-def check_hang(result: dict) -> None:
-    assert result["error"] == "RuntimeError", result
-    assert "timed out after 2 seconds" in result["message"], result["message"]
-    assert "waiting for batch" in result["message"]
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("place", PLACES)
-@pytest.mark.parametrize("kind", ["raise", "sigkill", "sigsegv", "exit", "hang"])
-def test_fork_fault_matrix(tmp_path, kind: str, place: str) -> None:
-    spec = {"kind": kind, "place": place, "engine": "fork"}
-    if kind == "hang":
-        spec["timeout"] = 2
-    check(run_scenario(tmp_path, **spec), kind, place)
-
-
-@pytest.mark.timeout(120)
-@pytest.mark.parametrize("engine", ["spawn", "forkserver"])
-@pytest.mark.parametrize(("kind", "place"), [("raise", "getitem"), ("sigkill", "getitem"), ("hang", "collate"), ("sigsegv", "init")])
-def test_spawn_and_forkserver_faults(tmp_path, engine: str, kind: str, place: str) -> None:
+def spec_for(kind: str, place: str, engine: str) -> dict:
     spec = {"kind": kind, "place": place, "engine": engine}
     if kind == "hang":
-        spec["timeout"] = 2
-    check(run_scenario(tmp_path, **spec), kind, place)
+        spec["timeout"] = HANG_TIMEOUT_S
+    return spec
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("kind", ["raise", "sigkill", "sigsegv", "sigsegv_signal", "exit", "hang"])
+def test_fork_fault_matrix(tmp_path, kind: str, place: str) -> None:
+    check(run_scenario(tmp_path, **spec_for(kind, place, "fork")), kind, place, "fork")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("engine", ["spawn", "forkserver"])
+@pytest.mark.parametrize(
+    ("kind", "place"),
+    [("raise", "getitem"), ("sigkill", "getitem"), ("sigkill", "next"), ("hang", "collate"), ("sigsegv", "init")],
+)
+def test_spawn_and_forkserver_faults(tmp_path, engine: str, kind: str, place: str) -> None:
+    check(run_scenario(tmp_path, **spec_for(kind, place, engine)), kind, place, engine)
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("place", PLACES)
 @pytest.mark.parametrize("kind", ["raise", "hang"])
 def test_thread_worker_faults(tmp_path, kind: str, place: str) -> None:
     # A hung thread cannot be killed: it is left to finish its sleep (3 s), after which it
     # must exit on its own; the leak check waits for that.
-    spec = {"kind": kind, "place": place, "engine": "threads", "hang_s": 3, "settle": 12}
-    if kind == "hang":
-        spec["timeout"] = 2
-    check(run_scenario(tmp_path, **spec), kind, place)
+    spec = dict(spec_for(kind, place, "threads"), hang_s=3, settle=12)
+    check(run_scenario(tmp_path, **spec), kind, place, "threads")
+
+
+EARLIER_BATCHES_LOST = pytest.mark.xfail(
+    strict=True,
+    reason="stoker bug: a worker's death is raised at once, discarding earlier batches that "
+    "live workers have made or are making (batch 4 lost when worker 1 dies at sample 5)",
+)
+
+
+@EARLIER_BATCHES_LOST
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("engine", ["fork", "spawn"])
+@pytest.mark.parametrize("kind", ["sigkill", "exit"])
+def test_death_does_not_discard_earlier_batches_of_live_workers(tmp_path, engine: str, kind: str) -> None:
+    """Worker 0 is still making sample 4 (0.5 s) when worker 1 dies at sample 5: batches 0..4
+    are owed by a live worker and must still be delivered, in order, before the error."""
+    result = run_scenario(tmp_path, kind=kind, place="getitem", engine=engine, slow_at=4)
+    assert result["slow_at"] == 4
+    check(result, kind, "getitem", engine)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
@@ -37,6 +39,34 @@ PRELUDE = textwrap.dedent(
         def __getitem__(self, i):
             time.sleep(self.delay)
             return np.full(self.shape, i % 251, np.uint8)
+
+    class Stuck(stoker.Dataset):
+        # every sample takes (practically) forever; a worker marks its arrival in `where`
+        def __init__(self, where):
+            self.where = where
+        def __len__(self):
+            return 100
+        def __getitem__(self, i):
+            open(os.path.join(self.where, str(os.getpid())), "w").close()
+            time.sleep(1000)
+
+    def wait_busy(where, count, within=30):
+        deadline = time.monotonic() + within
+        while len(os.listdir(where)) < count:
+            assert time.monotonic() < deadline, "workers never got busy"
+            time.sleep(0.02)
+
+    def worker_pids(method):
+        # our worker processes (not multiprocessing's resource tracker or forkserver)
+        import psutil
+        me = psutil.Process()
+        def ours(p):
+            cmd = " ".join(p.cmdline())
+            return "resource_tracker" not in cmd and "forkserver" not in cmd
+        if method == "forkserver":  # the workers are forks of the server, not of us
+            servers = [p for p in me.children() if "forkserver" in " ".join(p.cmdline())]
+            return [p.pid for server in servers for p in server.children()]
+        return [p.pid for p in me.children() if ours(p)]
     """
 )
 
@@ -55,14 +85,27 @@ def result_of(proc: subprocess.CompletedProcess) -> dict:
 
 
 def read_line(proc: subprocess.Popen, prefix: str, timeout: float = 30) -> str:
+    """The child's first stdout line starting with `prefix`; a hard timeout, even if the child
+    hangs without printing (the read happens on a helper thread)."""
+    lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=pump, daemon=True).start()
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            proc.kill()
+            raise AssertionError(f"child printed no {prefix!r} within {timeout} s") from None
         if line.startswith(prefix):
             return line[len(prefix) :].strip()
-        if not line and proc.poll() is not None:
-            break
-    raise AssertionError(f"child never printed {prefix!r}; stderr: {proc.stderr.read()}")
+        if not line:
+            raise AssertionError(f"child never printed {prefix!r}; stderr: {proc.stderr.read()}")
 
 
 def wait_gone(pids: list[int], within: float) -> list[int]:
@@ -82,15 +125,13 @@ def wait_gone(pids: list[int], within: float) -> list[int]:
 
 MID_EPOCH = """
     method = sys.argv[1]
-    _prestart(method)
-    loader = stoker.DataLoader(Slow(), batch_size=2, num_workers=2, multiprocessing_context=method)
+    threads = method == "threads"
+    _prestart(None if threads else method)
+    kwargs = {"thread_pool": True} if threads else {"multiprocessing_context": method}
+    loader = stoker.DataLoader(Slow(), batch_size=2, num_workers=2, **kwargs)
     it = iter(loader)
     next(it)
-    import psutil
-    workers = [p.pid for p in psutil.Process().children() if p.pid != os.getpid()]
-    if method == "forkserver":  # the workers are forks of the server, not of us
-        servers = [p for p in psutil.Process().children() if "forkserver" in " ".join(p.cmdline())]
-        workers = [p.pid for server in servers for p in server.children()]
+    workers = worker_pids(method)
     print("WORKERS " + json.dumps(workers), flush=True)
     for batch in it:
         pass
@@ -101,39 +142,189 @@ MID_EPOCH = """
 @pytest.mark.parametrize("method", START_METHODS)
 def test_main_process_sigkilled_mid_epoch_takes_its_workers_along(tmp_path, method: str) -> None:
     script = write_script(tmp_path, MID_EPOCH)
+    shm_before = set(os.listdir("/dev/shm"))
     proc = subprocess.Popen([sys.executable, script, method], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers: list[int] = []
     try:
         workers = json.loads(read_line(proc, "WORKERS "))
-        assert len(workers) >= 2, workers
+        assert len(workers) == 2, workers
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         left = wait_gone(workers, within=5.0)
         assert not left, f"workers {left} outlived their SIGKILLed parent by 5 s ({method})"
+        assert set(os.listdir("/dev/shm")) <= shm_before, "a SIGKILL must leave nothing in /dev/shm"
     finally:
         proc.kill()
         proc.wait()
+        kill_leftovers(workers)
     # forkserver's server and spawn's resource tracker are multiprocessing's own: they end
     # when their pipes close, which the kill did.
 
 
+BUSY = """
+    import threading
+    method, where = sys.argv[1], sys.argv[2]
+    _prestart(method)
+    def consume():
+        loader = stoker.DataLoader(Stuck(where), num_workers=2, multiprocessing_context=method)
+        it = iter(loader)
+        wait_busy(where, 2)  # both workers are inside a sample that will not finish
+        print("WORKERS " + json.dumps(worker_pids(method)), flush=True)
+        next(it)
+    if sys.argv[3:] == ["thread"]:  # the loader is iterated by another thread than the main one
+        consumer = threading.Thread(target=consume, daemon=True)
+        consumer.start()
+        consumer.join()
+    else:
+        consume()
+"""
+
+
+def kill_leftovers(pids: list[int]) -> None:
+    """Our own test's workers, if a failed check left them running: end them by pid."""
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                os.kill(pid, signal.SIGKILL)
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            pass
+
+
+BUSY_ORPHANS = pytest.mark.xfail(
+    strict=True,
+    reason="stoker bug: workers busy in a sample outlive a SIGKILLed main process when "
+    "PR_SET_PDEATHSIG is not used (forkserver, or iterating off the main thread); the parent "
+    "check runs only between tasks",
+)
+
+
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("method", START_METHODS)
+@pytest.mark.parametrize(
+    ("method", "consumer"),
+    [
+        ("fork", "main"),
+        ("spawn", "main"),
+        pytest.param("forkserver", "main", marks=BUSY_ORPHANS),
+        pytest.param("fork", "thread", marks=BUSY_ORPHANS),
+    ],
+)
+def test_main_process_sigkilled_while_workers_are_busy_takes_them_along(
+    tmp_path, method: str, consumer: str
+) -> None:
+    """The workers are inside a long `__getitem__`, not idly watching their parent."""
+    script = write_script(tmp_path, BUSY)
+    where = tmp_path / "busy"
+    where.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, script, method, str(where), consumer],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    workers: list[int] = []
+    try:
+        workers = json.loads(read_line(proc, "WORKERS "))
+        assert len(workers) == 2, workers
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        left = wait_gone(workers, within=5.0)
+        assert not left, f"busy workers {left} outlived their SIGKILLed parent by 5 s ({method})"
+    finally:
+        proc.kill()
+        proc.wait()
+        kill_leftovers(workers)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("method", [*START_METHODS, "threads"])
 def test_sigint_mid_epoch_exits_cleanly(tmp_path, method: str) -> None:
     script = write_script(tmp_path, MID_EPOCH)
     proc = subprocess.Popen([sys.executable, script, method], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers: list[int] = []
     try:
         workers = json.loads(read_line(proc, "WORKERS "))
+        assert len(workers) == (0 if method == "threads" else 2), workers
         start = time.monotonic()
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=5)
         took = time.monotonic() - start
         stderr = proc.stderr.read()
-        assert "KeyboardInterrupt" in stderr, stderr
+        assert proc.returncode != 0 and "KeyboardInterrupt" in stderr, stderr
+        assert stderr.count("Traceback") == 1 and "Exception ignored" not in stderr, stderr
         assert took < 5
         assert not wait_gone(workers, within=5.0)
     finally:
         proc.kill()
         proc.wait()
+        kill_leftovers(workers)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(("method", "busy"), [("fork", False), ("fork", True), ("spawn", True)])
+def test_ctrl_c_to_the_whole_process_group(tmp_path, method: str, busy: bool) -> None:
+    """A terminal's Ctrl-C reaches the workers too; only the main process may react to it."""
+    where = tmp_path / "busy"
+    where.mkdir()
+    script = write_script(tmp_path, BUSY if busy else MID_EPOCH)
+    proc = subprocess.Popen(
+        [sys.executable, script, method, str(where)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    workers: list[int] = []
+    try:
+        workers = json.loads(read_line(proc, "WORKERS "))
+        assert len(workers) == 2, workers
+        start = time.monotonic()
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=5)
+        took = time.monotonic() - start
+        stderr = proc.stderr.read()
+        assert proc.returncode != 0 and "KeyboardInterrupt" in stderr, stderr
+        assert stderr.count("Traceback") == 1, f"workers must not print tracebacks of their own:\n{stderr}"
+        assert took < 5
+        assert not wait_gone(workers, within=5.0)
+    finally:
+        proc.kill()
+        proc.wait()
+        kill_leftovers(workers)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("engine", [*START_METHODS, "threads"])
+def test_iterator_dropped_half_way_stops_its_workers(tmp_path, engine: str) -> None:
+    script = write_script(
+        tmp_path,
+        """
+        engine = sys.argv[1]
+        kwargs = {"thread_pool": True} if engine == "threads" else {"multiprocessing_context": engine}
+        _prestart(None if engine == "threads" else engine)
+        snap = Snapshot()
+        loader = stoker.DataLoader(Slow(n=400, delay=0.001), batch_size=2, num_workers=2, **kwargs)
+        seen = []
+        for i, batch in enumerate(loader):
+            seen.append(int(batch[0, 0]))
+            if i == 10:
+                break  # the loop's iterator is dropped here, with work still in flight
+        start = time.monotonic()
+        del batch
+        gc.collect()
+        problems = snap.wait_clean(timeout=10)
+        took = time.monotonic() - start
+        again = [int(b[0, 0]) for b in stoker.DataLoader(Slow(n=8, delay=0), batch_size=2, num_workers=2, **kwargs)]
+        problems += snap.wait_clean(timeout=10)
+        print("RESULT " + json.dumps({"seen": seen, "problems": problems, "took": took, "again": again}), flush=True)
+        """,
+    )
+    proc = subprocess.run([sys.executable, script, engine], capture_output=True, text=True, timeout=60)
+    result = result_of(proc)
+    assert result["seen"] == [(2 * i) % 251 for i in range(11)]
+    assert result["problems"] == [], result["problems"]
+    assert result["took"] < 3.0, f"idle workers took {result['took']:.1f} s to stop"
+    assert result["again"] == [0, 2, 4, 6], "a new loader must work after the dropped one"
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.timeout(120)
@@ -143,7 +334,7 @@ def test_two_hundred_iterators_dropped_half_way_leave_nothing(tmp_path) -> None:
         """
         import psutil, threading
         me = psutil.Process()
-        loader = stoker.DataLoader(Slow(n=64, delay=0), batch_size=4, num_workers=2)
+        loader = stoker.DataLoader(Slow(n=64, delay=0), batch_size=4, num_workers=2, multiprocessing_context="fork")
         def state():
             gc.collect()
             return (len(me.children(recursive=True)), threading.active_count(), me.num_fds(), me.memory_info().rss)
@@ -170,53 +361,79 @@ def test_two_hundred_iterators_dropped_half_way_leave_nothing(tmp_path) -> None:
 
 
 @pytest.mark.timeout(90)
-def test_interpreter_exit_with_live_iterators_is_clean(tmp_path) -> None:
+@pytest.mark.parametrize("method", START_METHODS)
+def test_interpreter_exit_with_live_iterators_is_clean(tmp_path, method: str) -> None:
     script = write_script(
         tmp_path,
         """
-        import psutil
-        persistent = stoker.DataLoader(Slow(), batch_size=2, num_workers=2, persistent_workers=True)
-        plain = stoker.DataLoader(Slow(), batch_size=2, num_workers=2)
+        method = sys.argv[1]
+        _prestart(method)
+        persistent = stoker.DataLoader(Slow(), batch_size=2, num_workers=2, persistent_workers=True,
+                                       multiprocessing_context=method)
+        plain = stoker.DataLoader(Slow(), batch_size=2, num_workers=2, multiprocessing_context=method)
         a, b = iter(persistent), iter(plain)
         next(a); next(b)
-        print("WORKERS " + json.dumps([p.pid for p in psutil.Process().children()]), flush=True)
+        print("WORKERS " + json.dumps(worker_pids(method)), flush=True)
         # fall off the end of the script with both iterators alive
         """,
     )
-    proc = subprocess.Popen([sys.executable, script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    shm_before = set(os.listdir("/dev/shm"))
+    proc = subprocess.Popen([sys.executable, script, method], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    workers: list[int] = []
     try:
         workers = json.loads(read_line(proc, "WORKERS "))
-        assert len(workers) == 4
-        assert proc.wait(timeout=10) == 0, proc.stderr.read()
+        assert len(workers) == 4, workers
+        start = time.monotonic()
+        assert proc.wait(timeout=10) == 0
+        took = time.monotonic() - start
+        stderr = proc.stderr.read()
+        for noise in ("Traceback", "Exception ignored", "leaked", "Error"):
+            assert noise not in stderr, f"exit was not clean:\n{stderr}"
+        assert took < 5, f"exit took {took:.1f} s"
         assert not wait_gone(workers, within=5.0)
+        assert set(os.listdir("/dev/shm")) <= shm_before
     finally:
         proc.kill()
         proc.wait()
+        kill_leftovers(workers)
 
 
 @pytest.mark.timeout(90)
-def test_persistent_loader_deleted_stops_its_workers(tmp_path) -> None:
+@pytest.mark.parametrize("method", START_METHODS)
+def test_persistent_loader_deleted_stops_its_workers(tmp_path, method: str) -> None:
     script = write_script(
         tmp_path,
         """
-        import psutil
+        method = sys.argv[1]
+        _prestart(method)
         snap = Snapshot()
-        loader = stoker.DataLoader(Slow(n=20, delay=0), batch_size=2, num_workers=2, persistent_workers=True)
+        loader = stoker.DataLoader(Slow(n=20, delay=0), batch_size=2, num_workers=2, persistent_workers=True,
+                                   multiprocessing_context=method)
+        epochs = []
         for epoch in range(3):
-            assert len(list(loader)) == 10
-        pids = sorted(p.pid for p in psutil.Process().children())
+            epochs.append([int(b[0, 0]) for b in loader])
+        pids = sorted(worker_pids(method))
         for epoch in range(2):
             for i, batch in enumerate(loader):
                 if i == 3:
                     break  # leave the epoch half-way; the next one must still be whole
-        assert sorted(p.pid for p in psutil.Process().children()) == pids, "persistent workers were replaced"
-        assert len(list(loader)) == 10
+        same = sorted(worker_pids(method)) == pids and len(pids) == 2
+        epochs.append([int(b[0, 0]) for b in loader])
         del loader, batch
-        print("RESULT " + json.dumps({"problems": snap.wait_clean(timeout=10)}), flush=True)
+        gc.collect()
+        start = time.monotonic()
+        problems = snap.wait_clean(timeout=10)
+        took = time.monotonic() - start
+        print("RESULT " + json.dumps({"problems": problems, "epochs": epochs, "same": same, "took": took}), flush=True)
         """,
     )
-    result = result_of(subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=80))
-    assert result["problems"] == []
+    result = result_of(
+        subprocess.run([sys.executable, script, method], capture_output=True, text=True, timeout=60)
+    )
+    assert result["epochs"] == [list(range(0, 20, 2))] * 4
+    assert result["same"], "persistent workers were replaced"
+    assert result["problems"] == [], result["problems"]
+    assert result["took"] < 3.0, f"deleted persistent loader's workers took {result['took']:.1f} s to stop"
 
 
 @pytest.mark.timeout(120)
@@ -243,7 +460,9 @@ def test_works_under_ulimit_of_64_file_descriptors(tmp_path) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_small_arena_budget_falls_back_with_one_warning_and_correct_values(tmp_path) -> None:
+@pytest.mark.parametrize("limit", [1_000_000, 10 * 2**20])
+def test_small_arena_budget_falls_back_with_one_warning_and_correct_values(tmp_path, limit: int) -> None:
+    # 1 MB: not even one 4 MiB batch fits, every batch falls back; 10 MiB: the first two fit
     script = write_script(
         tmp_path,
         """
@@ -257,8 +476,49 @@ def test_small_arena_budget_falls_back_with_one_warning_and_correct_values(tmp_p
         print("RESULT " + json.dumps({"ok": ok, "batches": len(kept), "fallback": fallback}), flush=True)
         """,
     )
-    env = dict(os.environ, STOKER_ARENA_MAX_BYTES=str(10 * 2**20))
+    env = dict(os.environ, STOKER_ARENA_MAX_BYTES=str(limit))
     result = result_of(subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=110, env=env))
     assert result["ok"] and result["batches"] == 10
     assert len(result["fallback"]) == 1, result["fallback"]
     assert "STOKER_ARENA_MAX_BYTES" in result["fallback"][0]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_persistent_worker_killed_between_epochs(tmp_path, method: str) -> None:
+    """The next epoch reports the death at once; the one after starts fresh workers."""
+    script = write_script(
+        tmp_path,
+        """
+        import signal
+        method = sys.argv[1]
+        _prestart(method)
+        snap = Snapshot()
+        loader = stoker.DataLoader(Slow(n=12, delay=0), batch_size=None, num_workers=2, persistent_workers=True,
+                                   multiprocessing_context=method)
+        out = {"epoch1": [int(b[0]) for b in loader]}
+        first = sorted(worker_pids(method))
+        os.kill(first[1], signal.SIGKILL)
+        time.sleep(0.3)
+        start = time.monotonic()
+        try:
+            out["epoch2"] = [int(b[0]) for b in loader]
+        except Exception as exc:
+            out["error"] = (type(exc).__name__, str(exc), time.monotonic() - start)
+        out["epoch3"] = [int(b[0]) for b in loader]
+        second = sorted(worker_pids(method))
+        out["killed"], out["replaced"] = first[1], len(second) == 2 and not set(second) & set(first)
+        del loader
+        gc.collect()
+        out["problems"] = snap.wait_clean(timeout=10)
+        print("RESULT " + json.dumps(out), flush=True)
+        """,
+    )
+    result = result_of(subprocess.run([sys.executable, script, method], capture_output=True, text=True, timeout=60))
+    assert result["epoch1"] == list(range(12))
+    assert "epoch2" not in result, "an epoch ran on a dead worker"
+    name, message, took = result["error"]
+    assert name == "WorkerDiedError" and f"(pid {result['killed']})" in message and "SIGKILL" in message, message
+    assert took < 1.0
+    assert result["epoch3"] == list(range(12)) and result["replaced"]
+    assert result["problems"] == [], result["problems"]
