@@ -4,6 +4,7 @@ under a hard timeout."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -13,6 +14,8 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import psutil
 import pytest
@@ -143,20 +146,13 @@ MID_EPOCH = """
 def test_main_process_sigkilled_mid_epoch_takes_its_workers_along(tmp_path, method: str) -> None:
     script = write_script(tmp_path, MID_EPOCH)
     shm_before = set(os.listdir("/dev/shm"))
-    proc = subprocess.Popen([sys.executable, script, method], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    workers: list[int] = []
-    try:
-        workers = json.loads(read_line(proc, "WORKERS "))
+    with child_with_workers(script, method) as (proc, workers):
         assert len(workers) == 2, workers
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         left = wait_gone(workers, within=5.0)
         assert not left, f"workers {left} outlived their SIGKILLed parent by 5 s ({method})"
         assert set(os.listdir("/dev/shm")) <= shm_before, "a SIGKILL must leave nothing in /dev/shm"
-    finally:
-        proc.kill()
-        proc.wait()
-        kill_leftovers(workers)
     # forkserver's server and spawn's resource tracker are multiprocessing's own: they end
     # when their pipes close, which the kill did.
 
@@ -190,6 +186,23 @@ def kill_leftovers(pids: list[int]) -> None:
             pass
 
 
+@contextlib.contextmanager
+def child_with_workers(script: str, *args: str, **popen: Any) -> Iterator[tuple[subprocess.Popen, list[int]]]:
+    """Run a child script until it prints its worker pids; whatever the test then does or
+    asserts, the child and any worker it left are killed afterwards."""
+    proc = subprocess.Popen(
+        [sys.executable, script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+    )
+    workers: list[int] = []
+    try:
+        workers = json.loads(read_line(proc, "WORKERS "))
+        yield proc, workers
+    finally:
+        proc.kill()
+        proc.wait()
+        kill_leftovers(workers)
+
+
 BUSY_ORPHANS = pytest.mark.xfail(
     strict=True,
     reason="stoker bug: workers busy in a sample outlive a SIGKILLed main process when "
@@ -215,34 +228,19 @@ def test_main_process_sigkilled_while_workers_are_busy_takes_them_along(
     script = write_script(tmp_path, BUSY)
     where = tmp_path / "busy"
     where.mkdir()
-    proc = subprocess.Popen(
-        [sys.executable, script, method, str(where), consumer],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    workers: list[int] = []
-    try:
-        workers = json.loads(read_line(proc, "WORKERS "))
+    with child_with_workers(script, method, str(where), consumer) as (proc, workers):
         assert len(workers) == 2, workers
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         left = wait_gone(workers, within=5.0)
         assert not left, f"busy workers {left} outlived their SIGKILLed parent by 5 s ({method})"
-    finally:
-        proc.kill()
-        proc.wait()
-        kill_leftovers(workers)
 
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("method", [*START_METHODS, "threads"])
 def test_sigint_mid_epoch_exits_cleanly(tmp_path, method: str) -> None:
     script = write_script(tmp_path, MID_EPOCH)
-    proc = subprocess.Popen([sys.executable, script, method], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    workers: list[int] = []
-    try:
-        workers = json.loads(read_line(proc, "WORKERS "))
+    with child_with_workers(script, method) as (proc, workers):
         assert len(workers) == (0 if method == "threads" else 2), workers
         start = time.monotonic()
         proc.send_signal(signal.SIGINT)
@@ -253,10 +251,6 @@ def test_sigint_mid_epoch_exits_cleanly(tmp_path, method: str) -> None:
         assert stderr.count("Traceback") == 1 and "Exception ignored" not in stderr, stderr
         assert took < 5
         assert not wait_gone(workers, within=5.0)
-    finally:
-        proc.kill()
-        proc.wait()
-        kill_leftovers(workers)
 
 
 @pytest.mark.timeout(90)
@@ -266,16 +260,7 @@ def test_ctrl_c_to_the_whole_process_group(tmp_path, method: str, busy: bool) ->
     where = tmp_path / "busy"
     where.mkdir()
     script = write_script(tmp_path, BUSY if busy else MID_EPOCH)
-    proc = subprocess.Popen(
-        [sys.executable, script, method, str(where)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    workers: list[int] = []
-    try:
-        workers = json.loads(read_line(proc, "WORKERS "))
+    with child_with_workers(script, method, str(where), start_new_session=True) as (proc, workers):
         assert len(workers) == 2, workers
         start = time.monotonic()
         os.killpg(proc.pid, signal.SIGINT)
@@ -286,10 +271,6 @@ def test_ctrl_c_to_the_whole_process_group(tmp_path, method: str, busy: bool) ->
         assert stderr.count("Traceback") == 1, f"workers must not print tracebacks of their own:\n{stderr}"
         assert took < 5
         assert not wait_gone(workers, within=5.0)
-    finally:
-        proc.kill()
-        proc.wait()
-        kill_leftovers(workers)
 
 
 @pytest.mark.timeout(90)
@@ -378,10 +359,7 @@ def test_interpreter_exit_with_live_iterators_is_clean(tmp_path, method: str) ->
         """,
     )
     shm_before = set(os.listdir("/dev/shm"))
-    proc = subprocess.Popen([sys.executable, script, method], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    workers: list[int] = []
-    try:
-        workers = json.loads(read_line(proc, "WORKERS "))
+    with child_with_workers(script, method) as (proc, workers):
         assert len(workers) == 4, workers
         start = time.monotonic()
         assert proc.wait(timeout=10) == 0
@@ -392,10 +370,6 @@ def test_interpreter_exit_with_live_iterators_is_clean(tmp_path, method: str) ->
         assert took < 5, f"exit took {took:.1f} s"
         assert not wait_gone(workers, within=5.0)
         assert set(os.listdir("/dev/shm")) <= shm_before
-    finally:
-        proc.kill()
-        proc.wait()
-        kill_leftovers(workers)
 
 
 @pytest.mark.timeout(90)
