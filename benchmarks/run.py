@@ -1,4 +1,4 @@
-"""`python benchmarks/run.py [options]` is `stoker bench [options]`: W1-W6 side by side with
+"""`python benchmarks/run.py [options]` is `stoker bench [options]`: W1-W7 side by side with
 torch.utils.data. See benchmarks/README.md."""
 
 import sys

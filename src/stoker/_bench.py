@@ -4,8 +4,12 @@ Every workload runs each loader (`stoker`, `stoker.torch`, and `torch.utils.data
 is installed) at each number of workers, with repetitions interleaved (the repetition loop
 is outermost) so that drifts of a noisy machine hit every loader alike. A run creates a
 fresh DataLoader and goes through one epoch; its rate is the steady state in the middle of
-the epoch (W5 measures start-up; the rate with start-up is kept in the JSON). Figures are
-medians with min-max over the repetitions.
+the epoch (W5 measures start-up; the rate with start-up is kept in the JSON), and over the
+same window the main process's CPU time per batch is recorded. Figures are medians with
+min-max over the repetitions.
+
+Nothing here sets OMP_NUM_THREADS or the like, or calls torch.set_num_threads: the loaders
+are measured in the user's default environment, and the report records what it saw.
 
 Workloads (the issue's names):
   W1 tiny dict samples      {"id": int, "x": 4 float32}, batch 256
@@ -14,6 +18,9 @@ Workloads (the issue's names):
   W4 iterable stream        128 float32 per sample, sharded with get_worker_info(), batch 256
   W5 time to first batch    dataset holding a 10 MB / 200 MB array, fork and spawn, 2 workers
   W6 epoch boundary         persistent workers, 2 workers: a boundary's gap and throughput cost
+  W7 ImageNet-sized tensors random 224x224 crops + flips of 1000 3x256x256 uint8 images as
+                            torch tensors, shuffled, batch 256 and 64, prefetch_factor=4
+                            (stoker.torch and torch.utils.data only)
 """
 
 from __future__ import annotations
@@ -119,6 +126,57 @@ class HoldsArray:
         return self.data[i * 64 : i * 64 + 64]
 
 
+W7_SOURCE_SHAPE = (3, 256, 256)
+W7_CROP = 224
+W7_CROP_BYTES = 3 * W7_CROP * W7_CROP
+W7_PREFETCH = 4
+W7_BATCH_SIZES = (256, 64)
+W7_LOADERS = ("stoker.torch", "torch")  # plain stoker would produce the same tensors
+
+
+def w7_sources(n: int) -> np.ndarray:
+    """W7's source images: `n` distinct 3x256x256 uint8 images from a seeded RNG (196 MB at
+    n=1000). Made once per bench run and shared by every loader and configuration."""
+    return np.random.default_rng(7).integers(0, 256, (n, *W7_SOURCE_SHAPE), dtype=np.uint8)
+
+
+class ImageNetCrops:
+    """W7: an ImageNet-sized tensor pipeline without the decoding.
+
+    Sample `i` is a random 224x224 crop of source image `i % len(sources)`, flipped
+    horizontally with probability 1/2, as a torch tensor (`torch.from_numpy` of the crop, a
+    non-contiguous view; the flip copies), and its label, a Python int. The randomness comes
+    from torch's global RNG, which the loaders seed in each worker, so a sample is
+    deterministic given `torch.manual_seed` (in the process that fetches it).
+    """
+
+    def __init__(self, sources: np.ndarray, n: int) -> None:
+        self.sources, self.n = sources, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        import torch
+
+        sources = self.sources
+        label = i % len(sources)
+        height, width = sources.shape[2:]
+        top = int(torch.randint(0, height - W7_CROP + 1, (1,)))
+        left = int(torch.randint(0, width - W7_CROP + 1, (1,)))
+        image = torch.from_numpy(sources[label, :, top : top + W7_CROP, left : left + W7_CROP])
+        if int(torch.randint(0, 2, (1,))):
+            image = image.flip(-1)
+        return image, label
+
+
+def w7_batches(sizes: Sizes, workers: int) -> int:
+    """Batches in one W7 epoch: enough that, after `W7_PREFETCH * workers + 1` batches are left
+    out at each end (see `steady_window`), the steady-state window still spans several rounds
+    of batches of every worker."""
+    return max(sizes.w7_min_batches, sizes.w7_base_batches + sizes.w7_batches_per_worker * workers)
+
+
 def _worker_info() -> Any:
     info = stoker.get_worker_info()
     if info is None and "torch" in sys.modules:
@@ -172,7 +230,6 @@ def loader_modules(with_torch: bool) -> dict[str, Any]:
             import torch.utils.data
         except ImportError:
             return mods
-        torch.set_num_threads(1)
         mods["stoker.torch"] = importlib.import_module("stoker.torch")
         mods["torch"] = torch.utils.data
     return mods
@@ -198,6 +255,12 @@ class Result:
     def median(self) -> float:
         return statistics.median(self.values)
 
+    @property
+    def main_us_per_batch(self) -> float | None:
+        """Median over the repetitions of the main process's CPU µs per batch (samples/s rows)."""
+        values = self.extra.get("main_us_per_batch")
+        return statistics.median(values) if values else None
+
     def gbps(self) -> float | None:
         if self.unit != "samples/s" or not self.bytes_per_sample:
             return None
@@ -213,10 +276,19 @@ class Sizes:
     w5_mb: tuple[int, ...] = (10, 200)
     w6_images: int = 1024
     w6_epochs: int = 16
+    # W7: distinct source images; batches per epoch = max(min, base + per_worker * workers),
+    # at either batch size (see w7_batches and benchmarks/README.md)
+    w7_sources: int = 1000
+    w7_min_batches: int = 40
+    w7_base_batches: int = 32
+    w7_batches_per_worker: int = 16
 
     @classmethod
     def quick(cls) -> Sizes:
-        return cls(w1=20_000, w2=1024, w3=256, w4=20_000, w5_mb=(10, 50), w6_images=256, w6_epochs=3)
+        return cls(
+            w1=20_000, w2=1024, w3=256, w4=20_000, w5_mb=(10, 50), w6_images=256, w6_epochs=3,
+            w7_sources=200, w7_min_batches=6, w7_base_batches=4, w7_batches_per_worker=4,
+        )
 
 
 def memcpy_gbps(nbytes: int = 256 << 20, reps: int = 5) -> float:
@@ -231,51 +303,92 @@ def memcpy_gbps(nbytes: int = 256 << 20, reps: int = 5) -> float:
     return nbytes / best / 1e9
 
 
-def _epoch_rate(make: Callable[[], Any], workers: int) -> tuple[float | None, float]:
-    """(steady-state samples/s, samples/s from iter() to the end) of one epoch of a fresh loader.
+@dataclass
+class EpochTiming:
+    """One epoch of a fresh loader: the steady-state figures (None when the epoch is too short
+    for a window, see `steady_window`) and the same figures from iter() to the end."""
 
-    The whole-epoch figure includes worker start-up. The steady-state one is taken over the
-    middle of the epoch (see `steady_rate`; None when the epoch is too short for it); start-up
-    is what W5 measures.
+    steady: float | None  # samples/s over the window
+    whole: float  # samples/s from iter() to the last batch, start-up included
+    main_us: float | None  # main process CPU µs per batch over the window
+    whole_main_us: float  # main process CPU µs per batch from iter() to the last batch
+
+
+def _epoch_rate(make: Callable[[], Any], workers: int, prefetch: int = 2) -> EpochTiming:
+    """Rates and main-process CPU per batch of one epoch of a fresh loader.
+
+    At every batch's arrival the wall clock (`perf_counter`) and the main process's CPU time
+    (`process_time`: all of its threads, not its children) are read together. The steady-state
+    figures come from the middle of the epoch (see `steady_window`, whose margin follows the
+    loader's `prefetch`); the whole-epoch ones include worker start-up, which is what W5
+    measures.
     """
     loader = make()
     arrivals: list[float] = []
+    cpu: list[float] = []
     sizes: list[int] = []
-    start = time.perf_counter()
+    cpu_start, start = time.process_time(), time.perf_counter()
     for batch in loader:
-        sizes.append(_batch_len(batch))
         arrivals.append(time.perf_counter())
+        cpu.append(time.process_time())
+        sizes.append(_batch_len(batch))
         # dropped before waiting for the next one, so that the loader can reuse its memory
         del batch
     del loader
     gc.collect()
-    whole = sum(sizes) / (arrivals[-1] - start)
-    return steady_rate(arrivals, sizes, workers), whole
+    window = steady_window(len(arrivals), workers, prefetch)
+    return EpochTiming(
+        steady=None if window is None else window_rate(arrivals, sizes, window),
+        whole=sum(sizes) / (arrivals[-1] - start),
+        main_us=None if window is None else us_per_batch(cpu, window),
+        whole_main_us=(cpu[-1] - cpu_start) / len(cpu) * 1e6,
+    )
 
 
-def steady_rate(arrivals: list[float], sizes: list[int], workers: int) -> float | None:
-    """Samples/s between two batch arrivals in the middle of an epoch.
+def steady_window(n: int, workers: int, prefetch: int = 2) -> tuple[int, int] | None:
+    """(first, last): the two batch arrivals, out of `n`, that bound an epoch's steady state.
 
     Timing from the first batch's arrival would count batches the workers prefetched while
     the first one was on its way as if they came free, and timing from the start would count
-    worker start-up. Leaving out up to `2 * workers + 1` batches (the default prefetch) or a
-    tenth of the epoch at each end avoids both; spanning a multiple of `workers` batches keeps
-    the window in phase with workers that finish their batches together. None when fewer than
-    `4 * workers` batches would be left.
+    worker start-up. Leaving out `prefetch * workers + 1` batches (what the loader keeps in
+    flight, plus one) or a tenth of the epoch, whichever is more, at each end avoids both;
+    spanning a multiple of `workers` batches keeps the window in phase with workers that
+    finish their batches together. None when the window would span fewer than `4 * workers`
+    batches.
     """
-    n = len(arrivals)
     step = max(1, workers)
-    margin = max(2 * step + 1, n // 10)
+    margin = max(prefetch * step + 1, n // 10)
     first, last = margin, n - 1 - margin
     last -= (last - first) % step
     if last - first < 4 * step:
         return None
+    return first, last
+
+
+def window_rate(arrivals: list[float], sizes: list[int], window: tuple[int, int]) -> float:
+    """Samples/s of the batches that arrived after `window[0]`, up to and including `window[1]`."""
+    first, last = window
     return sum(sizes[first + 1 : last + 1]) / (arrivals[last] - arrivals[first])
 
 
+def us_per_batch(clock: list[float], window: tuple[int, int]) -> float:
+    """µs of `clock` (seconds, read at each batch's arrival) per batch over `window`."""
+    first, last = window
+    return (clock[last] - clock[first]) / (last - first) * 1e6
+
+
+def steady_rate(arrivals: list[float], sizes: list[int], workers: int, prefetch: int = 2) -> float | None:
+    """Samples/s over the steady-state window of an epoch (see `steady_window`), or None."""
+    window = steady_window(len(arrivals), workers, prefetch)
+    return None if window is None else window_rate(arrivals, sizes, window)
+
+
 def _batch_len(batch: Any) -> int:
+    """Samples in a batch: the length of its first leaf (W7's batches are [images, labels])."""
     if isinstance(batch, dict):
         batch = next(iter(batch.values()))
+    elif isinstance(batch, (list, tuple)):
+        batch = batch[0]
     return len(batch)
 
 
@@ -353,16 +466,29 @@ class Plan:
     with_torch: bool
 
 
-def _jobs(plan: Plan, mods: dict[str, Any], busy_rounds: int) -> list[tuple[str, str, int, str, Callable[[], Any]]]:
-    """(workload, loader, workers, variant, measure) for one repetition."""
+def _jobs(
+    plan: Plan, mods: dict[str, Any], busy_rounds: int, sources: np.ndarray | None = None
+) -> list[tuple[str, str, int, str, Callable[[], Any]]]:
+    """(workload, loader, workers, variant, measure) for one repetition.
+
+    `sources` are W7's source images, made once per run (`w7_sources`); W7 runs only through
+    the torch-flavoured loaders, and only when they are in `mods`.
+    """
     s = plan.sizes
     jobs: list[Any] = []
     tiny, images, heavy = TinyDicts(s.w1), Images(s.w2), CpuHeavy(s.w3, busy_rounds)
     for workers in plan.workers:
         for name, mod in mods.items():
 
-            def add(workload: str, make: Callable[[], Any], name: str = name, workers: int = workers) -> None:
-                jobs.append((workload, name, workers, "", lambda: _epoch_rate(make, workers)))
+            def add(
+                workload: str,
+                make: Callable[[], Any],
+                name: str = name,
+                workers: int = workers,
+                variant: str = "",
+                prefetch: int = 2,
+            ) -> None:
+                jobs.append((workload, name, workers, variant, lambda: _epoch_rate(make, workers, prefetch)))
 
             if "W1" in plan.workloads:
                 add("W1", lambda mod=mod, w=workers: mod.DataLoader(tiny, batch_size=256, num_workers=w))
@@ -377,6 +503,15 @@ def _jobs(plan: Plan, mods: dict[str, Any], busy_rounds: int) -> list[tuple[str,
                         _iterable_for(name, s.w4), batch_size=256, num_workers=w
                     ),
                 )
+            if "W7" in plan.workloads and sources is not None and name in W7_LOADERS:
+                for batch_size in W7_BATCH_SIZES:
+                    crops = ImageNetCrops(sources, batch_size * w7_batches(s, workers))
+
+                    def make_w7(mod: Any = mod, w: int = workers, b: int = batch_size, crops: Any = crops) -> Any:
+                        prefetch = {"prefetch_factor": W7_PREFETCH} if w > 0 else {}
+                        return mod.DataLoader(crops, batch_size=b, shuffle=True, num_workers=w, **prefetch)
+
+                    add("W7", make_w7, variant=f"b{batch_size}", prefetch=W7_PREFETCH)
     if "W5" in plan.workloads and any(w > 0 for w in plan.workers):
         for mb in s.w5_mb:
             holder = HoldsArray(mb << 20)
@@ -407,14 +542,19 @@ def _jobs(plan: Plan, mods: dict[str, Any], busy_rounds: int) -> list[tuple[str,
 def run(plan: Plan, progress: bool = True) -> dict[str, Any]:
     """Run the plan; returns the JSON-ready report."""
     mods = loader_modules(plan.with_torch)
+    machine = environment()
     busy_rounds = calibrate_busy()
     ceiling = memcpy_gbps()
+    machine["memcpy_gbps"] = ceiling
+    sources = None
+    if "W7" in plan.workloads and any(name in mods for name in W7_LOADERS):
+        sources = w7_sources(plan.sizes.w7_sources)
     results: dict[tuple[str, str, int, str], Result] = {}
-    first = _jobs(plan, mods, busy_rounds)
+    first = _jobs(plan, mods, busy_rounds, sources)
     total = len(first) * plan.reps
     bar = _progress(total) if progress else None
     for rep in range(plan.reps):
-        jobs = first if rep == 0 else _jobs(plan, mods, busy_rounds)
+        jobs = first if rep == 0 else _jobs(plan, mods, busy_rounds, sources)
         for workload, name, workers, variant, measure in jobs:
             if bar is not None:
                 bar.set_description(f"{workload} {name} w={workers} {variant}".strip())
@@ -423,16 +563,58 @@ def run(plan: Plan, progress: bool = True) -> dict[str, Any]:
                 bar.update(1)
     if bar is not None:
         bar.close()
+    del sources, first
     rows = list(results.values())
     return {
-        "machine": {"cpus": stoker._loader.usable_cpus(), "memcpy_gbps": ceiling, "python": sys.version.split()[0]},
+        "machine": machine,
         "busy_rounds_per_2ms": busy_rounds,
         "reps": plan.reps,
         "sizes": asdict(plan.sizes),
-        "results": [asdict(r) | {"median": r.median, "gbps": r.gbps()} for r in rows],
+        "results": [
+            asdict(r) | {"median": r.median, "gbps": r.gbps(), "main_us_per_batch": r.main_us_per_batch}
+            for r in rows
+        ],
         "w3_scaling": w3_scaling(rows),
         "targets": targets(rows, ceiling),
     }
+
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def environment() -> dict[str, Any]:
+    """What the run saw: CPUs, torch's thread count in the main process, thread variables.
+
+    torch is looked at when it is imported: always when it is among the loaders (`--no-torch`
+    does not import it just to report on it)."""
+    machine: dict[str, Any] = {
+        "cpus": stoker._loader.usable_cpus(),
+        "os_cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "torch": None,
+        "torch_threads": None,
+    }
+    torch = sys.modules.get("torch")  # imported by loader_modules unless --no-torch
+    if torch is not None:
+        machine["torch"] = torch.__version__
+        machine["torch_threads"] = torch.get_num_threads()
+    for name in THREAD_VARIABLES:
+        machine[name] = os.environ.get(name, "unset")
+    return machine
+
+
+def environment_line(machine: dict[str, Any]) -> str:
+    """One line of what `environment` recorded."""
+    torch = (
+        f"torch {machine['torch']} with {machine['torch_threads']} threads in the main process"
+        if machine.get("torch")
+        else "torch not loaded"
+    )
+    variables = " ".join(f"{name}={machine.get(name, 'unset')}" for name in THREAD_VARIABLES)
+    return (
+        f"environment (as found, nothing set by the bench): {machine.get('cpus')} usable CPUs "
+        f"(os.cpu_count() {machine.get('os_cpu_count')}), {torch}, {variables}"
+    )
 
 
 def _result(results: dict[tuple[str, str, int, str], Result], key: tuple[str, str, int, str]) -> Result:
@@ -444,6 +626,8 @@ def _result(results: dict[tuple[str, str, int, str], Result], key: tuple[str, st
             result.bytes_per_sample = IMAGE_BYTES
         elif workload == "W4":
             result.bytes_per_sample = 128 * 4
+        elif workload == "W7":
+            result.bytes_per_sample = W7_CROP_BYTES
         elif workload == "W5":
             result.unit = "s to first batch"
         elif workload == "W6":
@@ -465,11 +649,15 @@ def _record(results: dict[tuple[str, str, int, str], Result], key: tuple[str, st
     elif workload == "W5":
         _result(results, key).values.append(float(value))
     else:
-        steady, whole = value
+        timing: EpochTiming = value
+        windowed = timing.steady is not None
         result = _result(results, key)
-        result.values.append(whole if steady is None else steady)
-        result.extra.setdefault("with_startup", []).append(whole)
-        result.extra.setdefault("windowed", []).append(float(steady is not None))
+        result.values.append(timing.steady if timing.steady is not None else timing.whole)
+        main_us = timing.main_us if timing.main_us is not None else timing.whole_main_us
+        result.extra.setdefault("main_us_per_batch", []).append(main_us)
+        result.extra.setdefault("with_startup", []).append(timing.whole)
+        result.extra.setdefault("main_us_per_batch_with_startup", []).append(timing.whole_main_us)
+        result.extra.setdefault("windowed", []).append(float(windowed))
 
 
 def _progress(total: int) -> Any:
@@ -488,12 +676,20 @@ def _find(rows: list[Result], workload: str, loader: str, workers: int, variant:
     return None
 
 
+W7_TARGET_AT_14 = 1.5  # stoker.torch vs torch at 14 workers (a 16-core machine)
+W7_BATCH_COST_GROWTH = 1.25  # main-process µs/batch at b256 over b64, at most
+
+
 def targets(rows: list[Result], ceiling: float) -> list[dict[str, Any]]:
-    """The issue's targets at num_workers=2, stoker.torch vs torch.utils.data, as measured."""
+    """The issue's targets, stoker.torch vs torch.utils.data, as measured: W1-W6 at
+    num_workers=2, W7 at every number of workers >= 1."""
     out: list[dict[str, Any]] = []
 
-    def ratio_target(name: str, workload: str, need: float, variant: str = "", lower_is_better: bool = False) -> None:
-        ours, theirs = _find(rows, workload, "stoker.torch", 2, variant), _find(rows, workload, "torch", 2, variant)
+    def ratio_target(
+        name: str, workload: str, need: float, variant: str = "", lower_is_better: bool = False, workers: int = 2
+    ) -> None:
+        ours = _find(rows, workload, "stoker.torch", workers, variant)
+        theirs = _find(rows, workload, "torch", workers, variant)
         if ours is None or theirs is None:
             return
         ratio = theirs.median / ours.median if lower_is_better else ours.median / theirs.median
@@ -558,6 +754,24 @@ def targets(rows: list[Result], ceiling: float) -> list[dict[str, Any]]:
                 "shown": f"{seconds * 1e3:.2f} ms = {cost.median:.2f} batch times (target <= 1)",
             }
         )
+    w7_workers = sorted({r.workers for r in rows if r.workload == "W7" and r.workers > 0})
+    for workers in w7_workers:
+        need = W7_TARGET_AT_14 if workers == 14 else 1.0
+        ratio_target(f"W7 b256 w={workers}", "W7", need, "b256", workers=workers)
+    if w7_workers:
+        workers = w7_workers[-1]
+        big, small = _find(rows, "W7", "stoker.torch", workers, "b256"), _find(rows, "W7", "stoker.torch", workers, "b64")
+        if big is not None and small is not None and big.main_us_per_batch and small.main_us_per_batch:
+            growth = big.main_us_per_batch / small.main_us_per_batch
+            out.append(
+                {
+                    "target": f"W7 main-process CPU per batch, b256 vs b64 (stoker.torch, w={workers})",
+                    "met": growth <= W7_BATCH_COST_GROWTH,
+                    "value": growth,
+                    "shown": f"{big.main_us_per_batch:.0f} µs vs {small.main_us_per_batch:.0f} µs "
+                    f"= {growth:.2f}x (target <= {W7_BATCH_COST_GROWTH:g}x)",
+                }
+            )
     return out
 
 
@@ -582,10 +796,19 @@ def _fmt_rate(x: float) -> str:
     return f"{x:.1f}"
 
 
+def _fmt_us(x: float | None) -> str:
+    if x is None:
+        return ""
+    return f"{x:.0f}" if x >= 100 else f"{x:.1f}"
+
+
 def table(report: dict[str, Any]) -> str:
     """The human-readable table of a report."""
     lines = []
-    header = f"{'workload':<18}{'loader':<14}{'workers':>7}  {'median':>10}  {'min-max':>19}  {'GB/s':>6}  {'vs torch':>8}"
+    header = (
+        f"{'workload':<18}{'loader':<14}{'workers':>7}  {'median':>10}  {'min-max':>19}  {'GB/s':>6}  "
+        f"{'vs torch':>8}  {'main µs/batch':>13}"
+    )
     lines.append(header)
     lines.append("-" * len(header))
     rows = report["results"]
@@ -607,7 +830,10 @@ def table(report: dict[str, Any]) -> str:
             med, span = f"{r['median']:.2f}", f"{lo:.2f}-{hi:.2f}"
         gb = f"{r['gbps']:.2f}" if r["gbps"] is not None else ""
         name = f"{r['workload']} {r['variant']}".strip()
-        lines.append(f"{name:<18}{r['loader']:<14}{r['workers']:>7}  {med:>10}  {span:>19}  {gb:>6}  {vs:>8}")
+        us = _fmt_us(r.get("main_us_per_batch"))
+        lines.append(
+            f"{name:<18}{r['loader']:<14}{r['workers']:>7}  {med:>10}  {span:>19}  {gb:>6}  {vs:>8}  {us:>13}"
+        )
     if report.get("w3_scaling"):
         lines.append("")
         lines.append("W3 scaling (samples/s at N workers / (N x samples/s at 0 workers)):")
@@ -615,13 +841,18 @@ def table(report: dict[str, Any]) -> str:
             lines.append(f"  {entry['loader']:<14}{entry['workers']:>3} workers  {entry['scaling']:.0%}")
     lines.append("")
     lines.append(
-        "W1-W4: steady-state samples/s in the middle of one epoch of a fresh loader (the JSON also has "
-        "iter()-to-end rates, start-up included); W5: seconds to first batch (t = time ratio); "
+        "W1-W4, W7: steady-state samples/s in the middle of one epoch of a fresh loader, and the main "
+        "process's CPU time per batch (all its threads, not its workers) over the same window (the JSON "
+        "also has iter()-to-end figures, start-up included); W5: seconds to first batch (t = time ratio); "
         "W6 gap: last batch of an epoch to the next epoch's first, in median batch gaps; "
         "W6 cost: E epochs vs one epoch of E times the samples, in batch times."
     )
     short = sorted(
-        {f"{r['workload']} w={r['workers']}" for r in rows if 0.0 in r["extra"].get("windowed", [])}
+        {
+            " ".join(part for part in (r["workload"], r["variant"], f"w={r['workers']}") if part)
+            for r in rows
+            if 0.0 in r["extra"].get("windowed", [])
+        }
     )
     if short:
         lines.append(
@@ -629,9 +860,10 @@ def table(report: dict[str, Any]) -> str:
             + ", ".join(short)
         )
     lines.append(f"memcpy ceiling (one core): {report['machine']['memcpy_gbps']:.1f} GB/s")
+    lines.append(environment_line(report["machine"]))
     if report["targets"]:
         lines.append("")
-        lines.append("targets (num_workers=2, stoker.torch vs torch.utils.data):")
+        lines.append("targets (stoker.torch vs torch.utils.data; W1-W6 at num_workers=2, W7 at each):")
         for t in report["targets"]:
             lines.append(f"  {'MET   ' if t['met'] else 'MISSED'} {t['target']}: {t['shown']}")
     return "\n".join(lines)
@@ -647,12 +879,16 @@ def chart(report: dict[str, Any], path: str) -> bool:
     except ImportError:
         return False
     rows = [r for r in report["results"] if r["unit"] == "samples/s"]
-    workloads = sorted({r["workload"] for r in rows})
+
+    def panel(r: dict[str, Any]) -> str:
+        return f"{r['workload']} {r['variant']}".strip()
+
+    workloads = sorted({panel(r) for r in rows})
     if not workloads:
         return False
     fig, axes = plt.subplots(1, len(workloads), figsize=(4 * len(workloads), 3.6), squeeze=False)
     for ax, workload in zip(axes[0], workloads):
-        mine = [r for r in rows if r["workload"] == workload]
+        mine = [r for r in rows if panel(r) == workload]
         labels = [f"{r['loader']}\nw={r['workers']}" for r in mine]
         ax.bar(range(len(mine)), [r["median"] for r in mine], color=[_colour(r["loader"]) for r in mine])
         ax.set_xticks(range(len(mine)), labels, fontsize=6, rotation=90)

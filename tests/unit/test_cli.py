@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -18,12 +19,44 @@ def test_bench_quick_writes_table_json_and_chart(tmp_path, capsys) -> None:
     assert code == 0
     printed = capsys.readouterr().out
     assert "W1" in printed and "W4" in printed and "memcpy ceiling" in printed
+    assert "main µs/batch" in printed and "environment (as found" in printed
     report = json.loads(out_json.read_text())
     rows = {(r["workload"], r["loader"], r["workers"]) for r in report["results"]}
     assert rows == {(w, "stoker", n) for w in ("W1", "W4") for n in (0, 1)}
     assert all(r["median"] > 0 for r in report["results"])
-    assert report["machine"]["memcpy_gbps"] > 0
+    assert all(r["main_us_per_batch"] > 0 for r in report["results"])
+    machine = report["machine"]
+    assert machine["memcpy_gbps"] > 0 and machine["os_cpu_count"] >= 1
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        assert name in machine
     assert out_png.exists() and out_png.stat().st_size > 0
+
+
+def test_bench_sets_no_thread_variables(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    code = main(["bench", "--quick", "--workloads", "W1", "--workers", "0", "--no-torch", "--out-dir", str(tmp_path)])
+    assert code == 0
+    assert "OMP_NUM_THREADS" not in os.environ
+    report = json.loads((tmp_path / "bench.json").read_text())
+    assert report["machine"]["OMP_NUM_THREADS"] == "unset"
+    assert "OMP_NUM_THREADS=unset" in capsys.readouterr().out
+
+
+def test_bench_w7_quick_through_torch_loaders(tmp_path, capsys) -> None:
+    torch = pytest.importorskip("torch")
+    threads = torch.get_num_threads()
+    code = main(["bench", "--quick", "--workloads", "W7", "--workers", "1", "--out-dir", str(tmp_path)])
+    assert code == 0
+    assert torch.get_num_threads() == threads  # the bench leaves torch's threads alone
+    printed = capsys.readouterr().out
+    assert "W7 b256" in printed and "W7 b64" in printed
+    assert "W7 b256 w=1:" in printed and "(target >= 1x)" in printed
+    assert "b256 vs b64 (stoker.torch, w=1)" in printed
+    report = json.loads((tmp_path / "bench.json").read_text())
+    rows = {(r["workload"], r["loader"], r["workers"], r["variant"]) for r in report["results"]}
+    assert rows == {("W7", loader, 1, v) for loader in ("stoker.torch", "torch") for v in ("b256", "b64")}
+    assert all(r["median"] > 0 and r["main_us_per_batch"] > 0 for r in report["results"])
+    assert report["machine"]["torch_threads"] == threads
 
 
 def test_bench_rejects_unknown_workloads_and_workers(capsys) -> None:
@@ -31,6 +64,8 @@ def test_bench_rejects_unknown_workloads_and_workers(capsys) -> None:
     assert "unknown workloads" in capsys.readouterr().err
     assert main(["bench", "--workers", "two"]) == 2
     assert "--workers takes integers" in capsys.readouterr().err
+    assert main(["bench", "--workers", "-1"]) == 2
+    assert "--workers takes numbers >= 0" in capsys.readouterr().err
 
 
 def test_version(capsys) -> None:
