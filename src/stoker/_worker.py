@@ -28,6 +28,7 @@ import numpy as np
 from ._errors import ExceptionInfo, describe_index
 from ._fetch import EndOfStream, make_fetcher
 from ._protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
+from ._threads import limit_worker_pools
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -183,6 +184,7 @@ def process_main(
     workers can receive it packed with shared memory (see _sharing).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    limit_worker_pools()
     dataset, collate_fn, worker_init_fn = heavy
     config = replace(config, dataset=dataset, collate_fn=collate_fn, worker_init_fn=worker_init_fn)
     del heavy
