@@ -1,27 +1,39 @@
 """The shared-memory arena: batches cross from worker to main process without pickling arrays.
 
 ```
- main process (owns the free lists)                 worker w
- ──────────────────────────────────                 ────────
- Task(id, index, slot=s) ──────────────────────────▶ collate; array leaves are allocated
-   s: a free slot of w's pool, or None                 inside slot s when they fit
-                         ◀────────────────────────── header: leaf table [(slot, offset,
-                                                       dtype, shape, kind)], new/retired slots
-                         ◀────────────────────────── body: the batch pickled, each array leaf
-                                                       replaced by its number in the table
-                         ◀────────────────────────── fds of new slots (SCM_RIGHTS), if any
- map new slots (then close their fds); build numpy views onto the slots (zero copy);
- the slot returns to w's free list when the last view of that batch is garbage-collected.
+ main process: the loader's Arena (free lists, one fd per slot)      worker w
+ ──────────────────────────────────────────────────────────────      ────────
+ Task(id, index, slot=SlotOrder) ─────────────────────────────────▶ collate; array leaves are
+   use: a free slot of w's pool (its fd follows, SCM_RIGHTS,           allocated inside the
+        the first time this process is given it), or None             slot when they fit
+   spare_id / size_hint: make a new slot of about this size
+                         ◀──────────────────────────────────────── header: SlotHeader (leaf
+                                                                      table, new/retired slots)
+                         ◀──────────────────────────────────────── body: the batch pickled, each
+                                                                      array leaf replaced by its
+                                                                      number in the table
+                         ◀──────────────────────────────────────── fds of new slots, if any
+ map new slots once; build numpy views onto the slots (zero copy); the slot returns to w's
+ free list when the last view of that batch is garbage-collected.
 ```
 
+The `Arena` belongs to the DataLoader and outlives its iterators: the slots an epoch's
+workers made are handed to the next epoch's workers (non-persistent workers are new
+processes each epoch), so in steady state no batch costs a slot's creation, its zeroing,
+its page faults or its unmapping, whatever its size. Each process maps a slot once and
+keeps it mapped; a worker maps a slot it is given with MAP_POPULATE, so it writes into
+memory whose page tables are already filled.
+
 Slots are anonymous memory (`memfd_create`), reserved up front with `posix_fallocate`
-so a full machine gives an error, never a SIGBUS, and mapped by exactly two processes:
-nothing has a name, so nothing survives a crash, and neither side keeps a file
-descriptor once a slot is mapped. A worker sizes a new slot from the batch it must hold
-(+25 %); a batch that outgrows its slot moves to a bigger one and the small slot is retired.
-Leaves that are not arrays travel in the pickle; when no slot can be had (the arena is at
-its byte limit or the system is out of memory) the arrays travel as pickle protocol 5
-out-of-band buffers instead, with a warning, once.
+so a full machine gives an error, never a SIGBUS. Nothing has a name, so nothing survives
+a crash. The main process keeps one descriptor per slot (up to `fd_budget()`, so that a
+low `ulimit -n` is respected; a slot beyond it serves only the processes that already
+map it) to hand the slot to later workers. A worker sizes a new slot from the batch it
+must hold (+25 %), or up front from the size hint; a batch that outgrows its slot moves
+to a bigger one and the small slot is retired. Leaves that are not arrays travel in the
+pickle; when no slot can be had (the arena is at its byte limit or the system is out of
+memory) the arrays travel as pickle protocol 5 out-of-band buffers instead, with a
+warning, once.
 """
 
 from __future__ import annotations
@@ -29,9 +41,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import io
+import itertools
 import mmap
 import os
 import pickle
+import resource
 import socket
 import sys
 import threading
@@ -39,25 +53,31 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ._protocol import Done, Reply
+from ._protocol import Done, Reply, Request, Task
 from ._transport import recv_out_of_band
 
 ALIGN = 64
 GROWTH = 1.25
 MIN_SLOT_BYTES = 1 << 16
 ARENA_LIMIT_ENV = "STOKER_ARENA_MAX_BYTES"
+MAX_KEPT_FDS = 256  # descriptors the main process keeps to share slots with later workers
 
 
 def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
+def _page_rounded(n: int) -> int:
+    return (n + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+
+
 def arena_limit() -> int | None:
-    """The most bytes of slots one worker may create (`STOKER_ARENA_MAX_BYTES`), or None."""
+    """The most bytes of slots one worker's pool may hold (`STOKER_ARENA_MAX_BYTES`), or None."""
     raw = os.environ.get(ARENA_LIMIT_ENV)
     if not raw:
         return None
@@ -68,7 +88,66 @@ def arena_limit() -> int | None:
     return value if value > 0 else None
 
 
-# ------------------------------------------------------------------ worker side
+def fd_budget() -> int:
+    """How many slot descriptors the main process may keep: a quarter of its fd limit, at most 256."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_KEPT_FDS
+    return max(0, min(MAX_KEPT_FDS, soft // 4))
+
+
+# ------------------------------------------------------------------ wire records
+@dataclass(frozen=True)
+class SlotOrder:
+    """Where a worker collates one task's batch (`Task.slot`)."""
+
+    use: int | None  # a slot of the worker's pool to collate into, or None
+    size: int  # that slot's size in bytes (0 when `use` is None)
+    attach: bool  # the slot's descriptor follows the task: this process has not mapped it
+    spare_id: int  # the id to give a slot the worker makes for this task
+    size_hint: int  # bytes to make a slot of up front when `use` is None (0: unknown)
+    budget: int | None  # bytes the worker's pool may still grow by (None: unlimited)
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """Where one array leaf of a batch lies."""
+
+    slot_id: int
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
+    torch: bool  # rebuilt as a torch tensor (else a numpy array)
+
+    @property
+    def end(self) -> int:
+        return self.offset + int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class SlotHeader:
+    """A batch whose array leaves lie in slots; the pickled body follows, then new slots' fds."""
+
+    task_id: int
+    leaves: tuple[Leaf, ...]
+    new: tuple[tuple[int, int], ...]  # (slot id, size) of slots made for this batch
+    retired: tuple[int, ...]  # slots the worker dropped (outgrown)
+
+
+@dataclass(frozen=True)
+class OutOfBandHeader:
+    """A batch pickled with out-of-band buffers of these sizes (no slot could be had)."""
+
+    task_id: int
+    sizes: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class PlainHeader:
+    """A reply that carries no batch (Failed, Exhausted), pickled whole in the next frame."""
+
+
+# ------------------------------------------------------------------ memory
 class _Slot:
     __slots__ = ("array", "base", "mm", "size", "slot_id", "used")
 
@@ -106,6 +185,7 @@ _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
 _libc.munmap.restype = ctypes.c_int
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
+_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 class _Unmap:
@@ -121,14 +201,19 @@ class _Unmap:
         _libc.munmap(self.address, self.size)
 
 
-def map_fd(fd: int, size: int, private: bool = False, what: str = "shared-memory slot") -> Any:
+def map_fd(
+    fd: int, size: int, private: bool = False, what: str = "shared-memory slot", populate: bool = False
+) -> Any:
     """Map a shared-memory fd; the fd may be closed at once (Python's mmap would keep a dup).
 
-    `private` maps copy-on-write: writes stay in this process. Returns a ctypes byte array
-    over the mapping, unmapped when it is garbage-collected — which numpy views of it
-    prevent while they live.
+    `private` maps copy-on-write: writes stay in this process. `populate` fills the page
+    tables now (one call instead of a page fault per page on first touch). Returns a ctypes
+    byte array over the mapping, unmapped when it is garbage-collected — which numpy views
+    of it prevent while they live.
     """
     flags = mmap.MAP_PRIVATE if private else mmap.MAP_SHARED
+    if populate:
+        flags |= _MAP_POPULATE
     address = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, flags, fd, 0)
     if address is None or address == _MAP_FAILED:
         err = ctypes.get_errno()
@@ -143,18 +228,18 @@ def _create_slot_memory(size: int) -> tuple[int, Any]:
     try:
         os.ftruncate(fd, size)
         os.posix_fallocate(fd, 0, size)  # reserve now: an ENOSPC here beats a SIGBUS later
-        return fd, map_fd(fd, size)
+        return fd, map_fd(fd, size, populate=True)
     except BaseException:
         os.close(fd)
         raise
 
 
-def _as_array(obj: Any) -> tuple[np.ndarray, str] | None:
-    """An array leaf that can live in a slot, and its kind ('n' numpy, 't' torch)."""
+def _as_array(obj: Any) -> tuple[np.ndarray, bool] | None:
+    """An array leaf that can live in a slot, and whether it is a torch tensor."""
     if type(obj) is np.ndarray:
         if obj.dtype.hasobject:
             return None
-        return obj, "n"
+        return obj, False
     torch = sys.modules.get("torch")
     if torch is not None and type(obj) is torch.Tensor:
         if obj.device.type != "cpu" or obj.layout is not torch.strided or obj.requires_grad:
@@ -162,7 +247,7 @@ def _as_array(obj: Any) -> tuple[np.ndarray, str] | None:
         if obj.is_conj() or obj.is_neg():
             return None
         try:
-            return obj.numpy(), "t"
+            return obj.numpy(), True
         except (TypeError, RuntimeError):  # e.g. bfloat16 has no numpy dtype
             return None
     return None
@@ -171,7 +256,7 @@ def _as_array(obj: Any) -> tuple[np.ndarray, str] | None:
 class _LeafPickler(pickle.Pickler):
     """Pickles a batch with each array leaf replaced by its number in `leaves`."""
 
-    def __init__(self, stream: io.BytesIO, leaves: list[tuple[np.ndarray, str]]) -> None:
+    def __init__(self, stream: io.BytesIO, leaves: list[tuple[np.ndarray, bool]]) -> None:
         super().__init__(stream, protocol=5)
         self.leaves = leaves
 
@@ -183,22 +268,66 @@ class _LeafPickler(pickle.Pickler):
         return len(self.leaves) - 1
 
 
-class SlotWriter:
-    """A worker's side of the arena: its mapped slots and the encoding of replies."""
+def _send_fds(conn: Any, fds: list[int]) -> None:
+    sock = socket.socket(fileno=conn.fileno())
+    try:
+        socket.send_fds(sock, [b"F"], fds)
+    finally:
+        sock.detach()
 
-    def __init__(self, limit: int | None = None) -> None:
+
+def _recv_fds(conn: Any, count: int) -> list[int]:
+    sock = socket.socket(fileno=conn.fileno())
+    try:
+        _, fds, _, _ = socket.recv_fds(sock, 1, count)
+    finally:
+        sock.detach()
+    if len(fds) != count:
+        for fd in fds:
+            os.close(fd)
+        raise EOFError(f"expected {count} slot descriptor(s), got {len(fds)}")
+    return list(fds)
+
+
+# ------------------------------------------------------------------ worker side
+class SlotWriter:
+    """A worker's side of the arena: the slots it maps, and the encoding of replies.
+
+    `recv_request(conn)` reads the next request (mapping a slot whose descriptor comes with
+    it), `around_fetch(task)` points collation into the ordered slot, `send_reply(conn,
+    reply)` writes the reply. Picklable before first use, so it travels to spawn workers.
+    """
+
+    def __init__(self) -> None:
         self.slots: dict[int, _Slot] = {}
         self.current: _Slot | None = None
-        self.limit = limit
-        self._next_id = 0
-        self._bytes = 0
+        self._order: SlotOrder | None = None
+        self._made: tuple[_Slot, int] | None = None  # made up front for the current task, with its fd
+
+    # requests ------------------------------------------------------------------
+    def recv_request(self, conn: Any) -> Request:
+        message = conn.recv()
+        if isinstance(message, Task) and isinstance(message.slot, SlotOrder) and message.slot.attach:
+            order = message.slot
+            (fd,) = _recv_fds(conn, 1)
+            try:
+                self.slots[order.use] = _Slot(order.use, map_fd(fd, order.size, populate=True), order.size)  # type: ignore[index]
+            finally:
+                os.close(fd)
+        return message
 
     @contextlib.contextmanager
-    def collating_into(self, slot_id: int | None) -> Iterator[None]:
-        """Let collation allocate array outputs inside the given slot while fetching."""
+    def collating_into(self, order: SlotOrder | None) -> Iterator[None]:
+        """Let collation allocate array outputs inside the ordered slot while fetching."""
         from ._collate import allocator
 
-        slot = self.slots.get(slot_id) if slot_id is not None else None
+        self._order = order
+        slot = None
+        if order is not None:
+            slot = self.slots.get(order.use) if order.use is not None else None
+            if slot is None and order.size_hint > 0:
+                self._made = self._make(order.spare_id, order.size_hint, order.budget)
+                slot = self._made[0] if self._made is not None else None
         self.current = slot
         if slot is None:
             yield
@@ -216,220 +345,247 @@ class SlotWriter:
         with allocator(alloc):
             yield
 
-    def _new_slot(self, nbytes: int) -> tuple[_Slot, int] | None:
-        size = _aligned(max(MIN_SLOT_BYTES, int(nbytes * GROWTH)))
-        size = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
-        if self.limit is not None and self._bytes + size > self.limit:
+    # replies -------------------------------------------------------------------
+    def send_reply(self, conn: Any, reply: Reply) -> None:
+        header, frames, fds = self.encode(reply)
+        conn.send(header)
+        for frame in frames:
+            conn.send_bytes(frame)
+        if fds:
+            try:
+                _send_fds(conn, fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+
+    def encode(self, reply: Reply) -> tuple[Any, list[Any], list[int]]:
+        """(header, frames, fds) for one reply; a Done's arrays go into slots."""
+        slot, order, made = self.current, self._order, self._made
+        self.current, self._order, self._made = None, None, None
+        if not isinstance(reply, Done):
+            self._discard(made)
+            return PlainHeader(), [pickle.dumps(reply, protocol=5)], []
+        leaves: list[tuple[np.ndarray, bool]] = []
+        stream = io.BytesIO()
+        _LeafPickler(stream, leaves).dump(reply.payload)
+        body = stream.getbuffer()
+        if not leaves:
+            self._discard(made)
+            return SlotHeader(reply.task_id, (), (), ()), [body], []
+        placed = self._place(leaves, slot, order, made)
+        if placed is None:  # no slot to be had: arrays go out of band
+            return self._out_of_band(reply)
+        table, new, retired, fds = placed
+        return SlotHeader(reply.task_id, table, new, retired), [body], fds
+
+    def _place(
+        self,
+        leaves: list[tuple[np.ndarray, bool]],
+        slot: _Slot | None,
+        order: SlotOrder | None,
+        made: tuple[_Slot, int] | None,
+    ) -> tuple[tuple[Leaf, ...], tuple[tuple[int, int], ...], tuple[int, ...], list[int]] | None:
+        if slot is not None:
+            offsets = [slot.holds(a) for a, _ in leaves]
+            if all(o is not None for o in offsets):
+                table = tuple(
+                    Leaf(slot.slot_id, offset, a.dtype.str, a.shape, torch)  # type: ignore[arg-type]
+                    for (a, torch), offset in zip(leaves, offsets)
+                )
+                if made is not None:
+                    return table, ((slot.slot_id, slot.size),), (), [made[1]]
+                return table, (), (), []
+        need = sum(_aligned(a.nbytes) for a, _ in leaves)
+        given = slot if made is None else None  # the pool's slot this task was given, if any
+        target, fds, new = slot, [], []
+        if target is None or need > target.size:
+            self._discard(made)
+            spare_id = order.spare_id if order is not None else max(self.slots, default=-1) + 1
+            budget = order.budget if order is not None else None
+            if given is not None and budget is not None:
+                budget += given.size  # the outgrown slot is retired
+            fresh = self._make(spare_id, int(need * GROWTH), budget)
+            if fresh is None:
+                return None
+            target, fd = fresh
+            new.append((target.slot_id, target.size))
+            fds.append(fd)
+        elif made is not None:
+            new.append((target.slot_id, target.size))
+            fds.append(made[1])
+        staged = [np.array(a, copy=True) if target is slot else a for a, _ in leaves]
+        target.used = 0
+        table = []
+        for (array, torch), source in zip(leaves, staged):
+            offset = target.take(array.nbytes)
+            assert offset is not None
+            np.copyto(target.view(offset, array.dtype, array.shape), source, casting="no")
+            table.append(Leaf(target.slot_id, offset, array.dtype.str, array.shape, torch))
+        retired: tuple[int, ...] = ()
+        if given is not None and target is not given:
+            self._retire(given)
+            retired = (given.slot_id,)
+        return tuple(table), tuple(new), retired, fds
+
+    def _make(self, slot_id: int, nbytes: int, budget: int | None) -> tuple[_Slot, int] | None:
+        size = _page_rounded(_aligned(max(MIN_SLOT_BYTES, nbytes)))
+        if budget is not None and size > budget:
             return None
         try:
             fd, mm = _create_slot_memory(size)
         except OSError:
             return None
-        slot = _Slot(self._next_id, mm, size)
-        self._next_id += 1
-        self._bytes += size
-        self.slots[slot.slot_id] = slot
+        slot = _Slot(slot_id, mm, size)
+        self.slots[slot_id] = slot
         return slot, fd
 
+    def _discard(self, made: tuple[_Slot, int] | None) -> None:
+        """Drop a slot made up front that the batch did not use (the main process never saw it)."""
+        if made is not None:
+            slot, fd = made
+            os.close(fd)
+            self._retire(slot)
+
     def _retire(self, slot: _Slot) -> None:
-        del self.slots[slot.slot_id]
-        self._bytes -= slot.size
+        self.slots.pop(slot.slot_id, None)
         slot.array = None  # type: ignore[assignment]
         slot.mm = None  # unmapped once nothing refers to it
-
-    def encode(self, reply: Reply) -> tuple[Any, list[Any], list[int]]:
-        """(header, frames, fds) for one reply; a Done's arrays go into slots."""
-        if not isinstance(reply, Done):
-            return ("plain", None), [pickle.dumps(reply, protocol=5)], []
-        leaves: list[tuple[np.ndarray, str]] = []
-        stream = io.BytesIO()
-        _LeafPickler(stream, leaves).dump(reply.payload)
-        body = stream.getbuffer()
-        slot = self.current
-        self.current = None
-        if not leaves:
-            return ("slots", reply.task_id, [], [], [], None), [body], []
-        table = self._place(leaves, slot)
-        if table is None:  # no slot to be had: arrays go out of band
-            return self._out_of_band(reply)
-        placed, new, retired, fds = table
-        return ("slots", reply.task_id, placed, new, retired, None), [body], fds
-
-    def _place(
-        self, leaves: list[tuple[np.ndarray, str]], slot: _Slot | None
-    ) -> tuple[list[Any], list[tuple[int, int]], list[int], list[int]] | None:
-        placed: list[Any] = []
-        if slot is not None:
-            offsets = [slot.holds(a) for a, _ in leaves]
-            if all(o is not None for o in offsets):
-                for (array, kind), offset in zip(leaves, offsets):
-                    placed.append((slot.slot_id, offset, array.dtype.str, array.shape, kind))
-                return placed, [], [], []
-        need = sum(_aligned(a.nbytes) for a, _ in leaves)
-        new: list[tuple[int, int]] = []
-        retired: list[int] = []
-        fds: list[int] = []
-        target = slot
-        if target is None or need > target.size:
-            made = self._new_slot(need)
-            if made is None:
-                return None
-            target, fd = made
-            new.append((target.slot_id, target.size))
-            fds.append(fd)
-            if slot is not None:
-                retired.append(slot.slot_id)
-        staged = [np.array(a, copy=True) if target is slot else a for a, _ in leaves]
-        target.used = 0
-        for (array, kind), source in zip(leaves, staged):
-            offset = target.take(array.nbytes)
-            assert offset is not None
-            np.copyto(target.view(offset, array.dtype, array.shape), source, casting="no")
-            placed.append((target.slot_id, offset, array.dtype.str, array.shape, kind))
-        if slot is not None and target is not slot:
-            self._retire(slot)
-        return placed, new, retired, fds
 
     def _out_of_band(self, reply: Done) -> tuple[Any, list[Any], list[int]]:
         buffers: list[pickle.PickleBuffer] = []
         body = pickle.dumps(reply.payload, protocol=5, buffer_callback=buffers.append)
         views = [b.raw() for b in buffers]
-        return ("oob", reply.task_id, [v.nbytes for v in views]), [body, *views], []
+        return OutOfBandHeader(reply.task_id, tuple(v.nbytes for v in views)), [body, *views], []
+
+    def around_fetch(self, task: Task) -> contextlib.AbstractContextManager[None]:
+        return self.collating_into(task.slot)
 
 
-class ArenaTransport:
-    """Sends replies through the arena (worker side) and receives them (main side)."""
-
-    def __init__(self, limit: int | None = None) -> None:
-        self.limit = limit
-        self._writer: SlotWriter | None = None
-
-    # worker side -------------------------------------------------------------
-    def writer(self) -> SlotWriter:
-        if self._writer is None:
-            self._writer = SlotWriter(self.limit)
-        return self._writer
-
-    def send(self, conn: Any, reply: Reply) -> None:
-        header, frames, fds = self.writer().encode(reply)
-        conn.send(header)
-        for frame in frames:
-            conn.send_bytes(frame)
-        if fds:
-            sock = socket.socket(fileno=conn.fileno())
-            try:
-                socket.send_fds(sock, [b"F"], fds)
-            finally:
-                sock.detach()
-                for fd in fds:
-                    os.close(fd)
-
-
+# ------------------------------------------------------------------ main side
 class WorkerPool:
-    """The main process's view of one worker's slots: mappings, free list, in-use count."""
+    """The slots of one worker id: mappings, descriptors, free list.
+
+    Shared by every process that serves that worker id over the loader's life.
+    """
 
     def __init__(self) -> None:
         self.maps: dict[int, Any] = {}  # slot id -> ctypes buffer over the mapping
         self.sizes: dict[int, int] = {}
+        self.fds: dict[int, int] = {}  # slots that can be handed to a process that lacks them
         self.free: list[int] = []
         self.released: deque[int] = deque()  # filled by finalizers, from any thread
+        self.last_need = 0  # bytes the last batch occupied
 
-    def take_free(self) -> int | None:
+    def take_free(self, mapped: set[int]) -> int | None:
+        """A free slot, preferring one the asking process maps already; the largest of those."""
         while self.released:
             slot_id = self.released.popleft()
             if slot_id in self.maps:
                 self.free.append(slot_id)
-        if not self.free:
+        usable = [i for i in range(len(self.free)) if self.free[i] in mapped or self.free[i] in self.fds]
+        if not usable:
             return None
-        best = max(range(len(self.free)), key=lambda i: self.sizes[self.free[i]])
+        best = max(usable, key=lambda i: (self.free[i] in mapped, self.sizes[self.free[i]]))
         return self.free.pop(best)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.sizes.values())
 
 
 class Arena:
-    """The main process's side of the arena for one loader iterator."""
+    """The main process's side of the arena; one per DataLoader, shared by its iterators."""
 
     HELD_WARNING_SLOTS = 64
 
-    def __init__(self, num_workers: int) -> None:
-        self.pools = [WorkerPool() for _ in range(num_workers)]
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit
+        self.pools: dict[int, WorkerPool] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._fd_budget = fd_budget()
         self._warned_fallback = False
         self._warned_held = False
-        self._lock = threading.Lock()
+        weakref.finalize(self, _close_fds, self.pools)
 
-    def assign(self, worker_id: int) -> int | None:
-        """A free slot of this worker for its next task, or None (the worker makes one)."""
-        return self.pools[worker_id].take_free()
+    def pool(self, worker_id: int) -> WorkerPool:
+        pool = self.pools.get(worker_id)
+        if pool is None:
+            pool = self.pools[worker_id] = WorkerPool()
+        return pool
 
-    def receive(self, worker_id: int, conn: Any, assigned: dict[int, int | None]) -> Reply:
-        """Read one reply; `assigned` maps task ids to the slot each was given."""
-        reply = self._receive(worker_id, conn)
-        slot_id = assigned.pop(reply.task_id, None)
-        if slot_id is not None and slot_id not in self._used:
-            self.release_unused(worker_id, slot_id)
-        self._used = ()
-        return reply
+    def order(self, worker_id: int, mapped: set[int]) -> SlotOrder:
+        """Where the next task of worker `worker_id` collates; `mapped`: slots its process maps."""
+        with self._lock:
+            pool = self.pool(worker_id)
+            slot_id = pool.take_free(mapped)
+            budget = None if self.limit is None else max(0, self.limit - pool.bytes)
+            hint = 0 if pool.last_need == 0 else _page_rounded(_aligned(int(pool.last_need * GROWTH)))
+            spare = next(self._ids)
+            if slot_id is None:
+                return SlotOrder(None, 0, False, spare, hint, budget)
+            return SlotOrder(slot_id, pool.sizes[slot_id], slot_id not in mapped, spare, 0, budget)
 
-    _used: Any = ()
+    def fd_of(self, worker_id: int, slot_id: int) -> int:
+        return self.pools[worker_id].fds[slot_id]
 
-    def _receive(self, worker_id: int, conn: Any) -> Reply:
-        header = conn.recv()
-        kind = header[0]
-        if kind == "plain":
-            return pickle.loads(conn.recv_bytes())
-        if kind == "oob":
-            _, task_id, sizes = header
-            self._warn_fallback()
-            return Done(task_id, recv_out_of_band(conn, sizes))
-        _, task_id, placed, new, retired, _ = header
-        body = conn.recv_bytes()
-        pool = self.pools[worker_id]
-        if new:
-            sock = socket.socket(fileno=conn.fileno())
-            try:
-                _, fds, _, _ = socket.recv_fds(sock, 1, len(new))
-            finally:
-                sock.detach()
-            for (slot_id, size), fd in zip(new, fds):
-                try:
-                    pool.maps[slot_id] = map_fd(fd, size)
-                    pool.sizes[slot_id] = size
-                finally:
-                    os.close(fd)
-        for slot_id in retired:
-            pool.maps.pop(slot_id, None)
-            pool.sizes.pop(slot_id, None)
-        used = self._used = {slot_id for slot_id, *_ in placed} | set(retired)
-        owners = {slot_id: self._lease(worker_id, slot_id) for slot_id in used if slot_id in pool.maps}
-        views = [
-            self._view(owners[slot_id], offset, dtype, shape, kind)
-            for slot_id, offset, dtype, shape, kind in placed
-        ]
-        payload = _LeafUnpickler(io.BytesIO(body), views).load()
-        self._check_held(pool)
-        return Done(task_id, payload)
-
-    def release_unused(self, worker_id: int, slot_id: int) -> None:
-        """A slot that was assigned but carried nothing goes back to the free list."""
+    def release(self, worker_id: int, slot_id: int) -> None:
+        """A slot that was given out but carried nothing goes back to the free list."""
         pool = self.pools[worker_id]
         if slot_id in pool.maps:
             pool.released.append(slot_id)
 
-    def _lease(self, worker_id: int, slot_id: int) -> np.ndarray:
+    def receive(self, worker_id: int, conn: Any) -> tuple[Reply, SlotHeader | None]:
+        """Read one reply of worker `worker_id`; the slot header when it carried one."""
+        header = conn.recv()
+        if isinstance(header, PlainHeader):
+            return pickle.loads(conn.recv_bytes()), None
+        if isinstance(header, OutOfBandHeader):
+            self._warn_fallback()
+            return Done(header.task_id, recv_out_of_band(conn, list(header.sizes))), None
+        if not isinstance(header, SlotHeader):
+            raise pickle.UnpicklingError(f"unexpected reply header {type(header).__name__}")
+        body = conn.recv_bytes()
         pool = self.pools[worker_id]
+        if header.new:
+            fds = _recv_fds(conn, len(header.new))
+            with self._lock:
+                for (slot_id, size), fd in zip(header.new, fds):
+                    self._adopt(pool, slot_id, size, fd)
+        if header.retired:
+            with self._lock:
+                for slot_id in header.retired:
+                    pool.maps.pop(slot_id, None)
+                    pool.sizes.pop(slot_id, None)
+                    fd = pool.fds.pop(slot_id, None)
+                    if fd is not None:
+                        os.close(fd)
+        if header.leaves:
+            pool.last_need = max(leaf.end for leaf in header.leaves)
+        owners = {slot_id: self._lease(pool, slot_id) for slot_id in {leaf.slot_id for leaf in header.leaves}}
+        views = [_view(owners[leaf.slot_id], leaf) for leaf in header.leaves]
+        payload = _LeafUnpickler(io.BytesIO(body), views).load()
+        self._check_held(pool)
+        return Done(header.task_id, payload), header
+
+    def _adopt(self, pool: WorkerPool, slot_id: int, size: int, fd: int) -> None:
+        try:
+            pool.maps[slot_id] = map_fd(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
+        pool.sizes[slot_id] = size
+        kept = sum(len(p.fds) for p in self.pools.values())
+        if kept < self._fd_budget:
+            pool.fds[slot_id] = fd
+        else:
+            os.close(fd)
+
+    @staticmethod
+    def _lease(pool: WorkerPool, slot_id: int) -> np.ndarray:
         owner = np.frombuffer(pool.maps[slot_id], dtype=np.uint8)
         weakref.finalize(owner, pool.released.append, slot_id)
         return owner
-
-    @staticmethod
-    def _view(owner: np.ndarray, offset: int, dtype: str, shape: tuple[int, ...], kind: str) -> Any:
-        dt = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        array = owner[offset : offset + nbytes].view(dt).reshape(shape)
-        if kind == "t":
-            import torch
-
-            return torch.from_numpy(array)
-        return array
 
     def _warn_fallback(self) -> None:
         if not self._warned_fallback:
@@ -439,21 +595,84 @@ class Arena:
                 f"{ARENA_LIMIT_ENV}={os.environ.get(ARENA_LIMIT_ENV, 'unset')} reached or the system "
                 "is out of memory); batches are sent by pickling instead, which is slower",
                 RuntimeWarning,
-                stacklevel=5,
+                stacklevel=6,
             )
 
     def _check_held(self, pool: WorkerPool) -> None:
         if not self._warned_held and len(pool.maps) > self.HELD_WARNING_SLOTS:
             self._warned_held = True
-            total = sum(pool.sizes.values()) / 2**20
+            total = pool.bytes / 2**20
             warnings.warn(
                 f"a DataLoader worker's shared-memory arena has grown to {len(pool.maps)} slots "
                 f"({total:.0f} MiB): the batches you keep hold their slots, so the arena grows to "
                 "keep serving new ones. Copy batches you keep (np.array(x) / tensor.clone()) to "
                 "let their slots be reused.",
                 RuntimeWarning,
-                stacklevel=5,
+                stacklevel=6,
             )
+
+
+def _close_fds(pools: dict[int, WorkerPool]) -> None:
+    for pool in pools.values():
+        fds, pool.fds = pool.fds, {}
+        for fd in fds.values():
+            os.close(fd)
+
+
+def _view(owner: np.ndarray, leaf: Leaf) -> Any:
+    dt = np.dtype(leaf.dtype)
+    nbytes = int(np.prod(leaf.shape, dtype=np.int64)) * dt.itemsize
+    array = owner[leaf.offset : leaf.offset + nbytes].view(dt).reshape(leaf.shape)
+    if leaf.torch:
+        import torch
+
+        return torch.from_numpy(array)
+    return array
+
+
+class ArenaLink:
+    """One engine's use of the loader's arena: which slots each worker process maps, and
+    which slot each task in flight was given. Main side of the arena transport."""
+
+    def __init__(self, arena: Arena, num_workers: int) -> None:
+        self.arena = arena
+        self._mapped: list[set[int]] = [set() for _ in range(num_workers)]
+        self._assigned: dict[int, tuple[int, int]] = {}  # task id -> (worker id, slot id)
+
+    def worker_side(self) -> SlotWriter:
+        return SlotWriter()
+
+    def send_request(self, worker_id: int, conn: Any, message: Request) -> None:
+        if not isinstance(message, Task):
+            conn.send(message)
+            return
+        order = self.arena.order(worker_id, self._mapped[worker_id])
+        if order.use is not None:
+            self._assigned[message.task_id] = (worker_id, order.use)
+        conn.send(Task(message.task_id, message.index, order))
+        if order.attach:
+            assert order.use is not None
+            _send_fds(conn, [self.arena.fd_of(worker_id, order.use)])
+            self._mapped[worker_id].add(order.use)
+
+    def recv_reply(self, worker_id: int, conn: Any) -> Reply:
+        reply, header = self.arena.receive(worker_id, conn)
+        given = self._assigned.pop(reply.task_id, (worker_id, None))[1]
+        mapped = self._mapped[worker_id]
+        used: set[int] = set()
+        if header is not None:
+            mapped.update(slot_id for slot_id, _ in header.new)
+            mapped.difference_update(header.retired)
+            used = {leaf.slot_id for leaf in header.leaves} | set(header.retired)
+        if given is not None and given not in used:
+            self.arena.release(worker_id, given)
+        return reply
+
+    def close(self) -> None:
+        """The workers are gone: slots given to tasks that never answered are free again."""
+        assigned, self._assigned = self._assigned, {}
+        for worker_id, slot_id in assigned.values():
+            self.arena.release(worker_id, slot_id)
 
 
 class _LeafUnpickler(pickle.Unpickler):

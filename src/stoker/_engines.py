@@ -35,7 +35,7 @@ from multiprocessing import connection
 from multiprocessing.context import BaseContext
 from typing import Any
 
-from ._arena import Arena, ArenaTransport, arena_limit
+from ._arena import Arena, ArenaLink, arena_limit
 from ._fetch import EndOfStream, make_fetcher
 from ._protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
 from ._sharing import Packed
@@ -163,15 +163,19 @@ class ProcessEngine:
     `STOKER_TRANSPORT=pickle` sends batches by pickling instead (for comparison and debugging).
     """
 
-    def __init__(self, configs: Sequence[WorkerConfig], context: BaseContext, pdeathsig: bool) -> None:
+    def __init__(
+        self,
+        configs: Sequence[WorkerConfig],
+        context: BaseContext,
+        pdeathsig: bool,
+        arena: Arena | None = None,
+    ) -> None:
         self.num_workers = len(configs)
-        self._arena: Arena | None = None
-        self._assigned: dict[int, int | None] = {}
+        self._transport: ArenaLink | PickleTransport
         if os.environ.get(TRANSPORT_ENV, "arena") == "pickle":
-            self._transport: Any = PickleTransport()
+            self._transport = PickleTransport()
         else:
-            self._transport = ArenaTransport(arena_limit())
-            self._arena = Arena(len(configs))
+            self._transport = ArenaLink(arena if arena is not None else Arena(arena_limit()), len(configs))
         self._processes: list[Any] = []
         self._tasks: list[connection.Connection] = []
         self._results: list[connection.Connection | None] = []
@@ -194,11 +198,12 @@ class ProcessEngine:
 
     def _start(self, config: WorkerConfig, heavy: Any, context: BaseContext, pdeathsig: bool) -> None:
         parent = None if context.get_start_method() == "forkserver" else os.getpid()
-        task_reader, task_writer = context.Pipe(duplex=False)
-        result_reader, result_writer = context.Pipe(duplex=True)  # a socket: it carries slot fds
+        # sockets, not pipes: both directions carry slot descriptors
+        task_reader, task_writer = context.Pipe(duplex=True)
+        result_reader, result_writer = context.Pipe(duplex=True)
         process = context.Process(  # type: ignore[attr-defined]
             target=process_main,
-            args=(config, heavy, task_reader, result_writer, self._transport, parent, pdeathsig),
+            args=(config, heavy, task_reader, result_writer, self._transport.worker_side(), parent, pdeathsig),
             name=f"stoker-worker-{config.worker_id}",
             daemon=True,
         )
@@ -221,12 +226,8 @@ class ProcessEngine:
         return [p.pid for p in self._processes]
 
     def send(self, worker_id: int, message: Request) -> None:
-        if self._arena is not None and isinstance(message, Task):
-            slot = self._arena.assign(worker_id)
-            self._assigned[message.task_id] = slot
-            message = Task(message.task_id, message.index, slot)
         try:
-            self._tasks[worker_id].send(message)
+            self._transport.send_request(worker_id, self._tasks[worker_id], message)
         except OSError:
             pass  # the worker is gone; its sentinel reports how
 
@@ -251,9 +252,7 @@ class ProcessEngine:
         if reader is None or not (block or reader.poll()):
             return []
         try:
-            if self._arena is not None:
-                return [(worker_id, self._arena.receive(worker_id, reader, self._assigned))]
-            return [(worker_id, self._transport.recv(reader))]
+            return [(worker_id, self._transport.recv_reply(worker_id, reader))]
         except (EOFError, OSError, pickle.UnpicklingError):
             reader.close()
             self._results[worker_id] = None
@@ -290,6 +289,7 @@ class ProcessEngine:
             except OSError:
                 pass
         _stop_processes(self._processes)
+        self._transport.close()
         for conn in [*self._tasks, *self._results]:
             if conn is not None:
                 conn.close()

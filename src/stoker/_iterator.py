@@ -59,6 +59,7 @@ class _Plan:
     threads: bool
     flavour: str
     len_called: int | None
+    arena: Any  # the loader's shared-memory arena (process workers), else None
 
     @classmethod
     def of(cls, loader: Any) -> _Plan:
@@ -83,6 +84,7 @@ class _Plan:
             threads=bool(getattr(loader, "thread_pool", False)),
             flavour=loader._flavour,
             len_called=loader._iterable_len_called,
+            arena=loader._shared_memory() if workers > 0 and not getattr(loader, "thread_pool", False) else None,
         )
 
     @property
@@ -339,7 +341,7 @@ def _make_engine(plan: _Plan, base_seed: int) -> Any:
         threading.current_thread() is threading.main_thread()
         and context.get_start_method() != "forkserver"
     )
-    return ProcessEngine([config(i, n, thread=False) for i in range(n)], context, pdeathsig)
+    return ProcessEngine([config(i, n, thread=False) for i in range(n)], context, pdeathsig, plan.arena)
 
 
 def _pin_function(loader: Any) -> Any:

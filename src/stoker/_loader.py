@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
 from . import _collate
+from ._arena import Arena, arena_limit
 from ._datasets import Dataset, is_iterable_dataset
 from ._iterator import LoaderIterator, iter_loader
 from ._rng import GeneratorLike, check_generator
@@ -266,6 +267,7 @@ class DataLoader(Generic[T_co]):
         self.persistent_workers = persistent_workers
         self._iterable_len_called: int | None = None
         self._iterator = None
+        self._arena: Arena | None = None
         self.__initialized = True
         warn_if_too_many_workers(num_workers)
 
@@ -318,6 +320,12 @@ class DataLoader(Generic[T_co]):
     @property
     def _index_sampler(self) -> Any:
         return self.batch_sampler if self._auto_collation else self.sampler
+
+    def _shared_memory(self) -> Arena:
+        """The shared-memory arena of this loader's process workers, kept across epochs."""
+        if self._arena is None:
+            self._arena = Arena(arena_limit())
+        return self._arena
 
     # -------------------------------------------------------------- iteration
     def __iter__(self) -> LoaderIterator[Any]:

@@ -61,9 +61,35 @@ class _Pickler(pickle.Pickler):
 
 
 class PickleTransport:
-    """Replies as pickle protocol 5 with out-of-band array buffers."""
+    """Replies as pickle protocol 5 with out-of-band array buffers.
 
-    def send(self, conn: Connection, reply: Any) -> None:
+    Both sides in one stateless object: the main process calls `send_request` and
+    `recv_reply`, the worker `recv_request` and `send_reply`.
+    """
+
+    around_fetch = None  # batches are collated in ordinary memory
+
+    def worker_side(self) -> PickleTransport:
+        return self
+
+    # main side
+    def send_request(self, worker_id: int, conn: Connection, message: Any) -> None:
+        conn.send(message)
+
+    def recv_reply(self, worker_id: int, conn: Connection) -> Any:
+        header = conn.recv_bytes()
+        (count,) = _COUNT.unpack_from(header)
+        sizes = [_COUNT.unpack_from(header, 8 * (i + 1))[0] for i in range(count)]
+        return recv_out_of_band(conn, sizes)
+
+    def close(self) -> None:
+        """Nothing is held between replies."""
+
+    # worker side
+    def recv_request(self, conn: Connection) -> Any:
+        return conn.recv()
+
+    def send_reply(self, conn: Connection, reply: Any) -> None:
         buffers: list[pickle.PickleBuffer] = []
         stream = io.BytesIO()
         _Pickler(stream, protocol=5, buffer_callback=buffers.append).dump(reply)
@@ -73,12 +99,6 @@ class PickleTransport:
         conn.send_bytes(stream.getbuffer())
         for view in views:
             conn.send_bytes(view)
-
-    def recv(self, conn: Connection) -> Any:
-        header = conn.recv_bytes()
-        (count,) = _COUNT.unpack_from(header)
-        sizes = [_COUNT.unpack_from(header, 8 * (i + 1))[0] for i in range(count)]
-        return recv_out_of_band(conn, sizes)
 
 
 def recv_out_of_band(conn: Connection, sizes: list[int]) -> Any:

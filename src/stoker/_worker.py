@@ -199,7 +199,7 @@ def process_main(
     def read_tasks() -> None:
         while True:
             try:
-                message = tasks.recv()
+                message = transport.recv_request(tasks)
             except (EOFError, OSError):
                 inbox.put(Stop())
                 return
@@ -217,20 +217,22 @@ def process_main(
 
     def send(reply: Reply) -> None:
         try:
-            transport.send(results, reply)
+            transport.send_reply(results, reply)
         except (BrokenPipeError, ConnectionResetError):
             raise
         except Exception as exc:
             if not isinstance(reply, Done):
                 raise
             where = f"in DataLoader worker {config.worker_id} (pid {os.getpid()}) while sending its batch"
-            transport.send(results, Failed(reply.task_id, ExceptionInfo(exc, where)))
+            transport.send_reply(results, Failed(reply.task_id, ExceptionInfo(exc, where)))
 
-    writer = getattr(transport, "writer", None)
-    around_fetch = (lambda task: writer().collating_into(task.slot)) if writer is not None else None
     try:
         run_worker(
-            config, receive, send, parent_alive=lambda: os.getppid() == parent_pid, around_fetch=around_fetch
+            config,
+            receive,
+            send,
+            parent_alive=lambda: os.getppid() == parent_pid,
+            around_fetch=transport.around_fetch,
         )
     except (BrokenPipeError, ConnectionResetError):
         pass  # the main process is gone or has closed our pipe: nothing left to serve

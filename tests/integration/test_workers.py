@@ -287,7 +287,7 @@ def test_prefetch_factor_bounds_work_done_ahead(engine: str, prefetch_factor: in
     assert after_first <= window + batch_size, f"{after_first} samples fetched after one batch was consumed"
     assert first.tolist() == [0, 1] and [b.tolist() for b in iterator][-1] == [62, 63]
     assert counter.value == 64
-    del iterator
+    del iterator, loader
     assert before.wait_clean() == []
 
 

@@ -1,5 +1,5 @@
 """The shared-memory arena in one process: a worker-side writer and the main-side arena
-talking over a real socketpair, with real memfd slots."""
+talking over real socketpairs, with real memfd slots."""
 
 from __future__ import annotations
 
@@ -12,34 +12,48 @@ from collections import namedtuple
 import numpy as np
 import pytest
 
-from stoker._arena import ARENA_LIMIT_ENV, Arena, ArenaTransport
-from stoker._protocol import Done, Exhausted
+from stoker._arena import ARENA_LIMIT_ENV, Arena, ArenaLink, SlotOrder
+from stoker._collate import default_collate
+from stoker._protocol import Done, Exhausted, Task
 
 Point = namedtuple("Point", "x y")
 
 
+class Link:
+    """One engine's arena link and one worker's writer over real socketpairs."""
+
+    def __init__(self, arena: Arena | None = None) -> None:
+        self.arena = arena if arena is not None else Arena()
+        self.tasks_main, self.tasks_worker = multiprocessing.Pipe(duplex=True)
+        self.results_main, self.results_worker = multiprocessing.Pipe(duplex=True)
+        self.link = ArenaLink(self.arena, 1)
+        self.writer = self.link.worker_side()
+        self.next_id = 0
+        self.orders: list[SlotOrder] = []
+
+    def roundtrip(self, batch, collate=None):
+        task_id = self.next_id
+        self.next_id += 1
+        self.link.send_request(0, self.tasks_main, Task(task_id, [task_id]))
+        task = self.writer.recv_request(self.tasks_worker)
+        self.orders.append(task.slot)
+        with self.writer.around_fetch(task):
+            if collate is not None:
+                batch = collate(batch)
+        self.writer.send_reply(self.results_worker, Done(task_id, batch))
+        return self.link.recv_reply(0, self.results_main).payload
+
+    def close(self) -> None:
+        self.link.close()
+        for conn in (self.tasks_main, self.tasks_worker, self.results_main, self.results_worker):
+            conn.close()
+
+
 @pytest.fixture
 def link():
-    main_end, worker_end = multiprocessing.Pipe(duplex=True)
-    transport = ArenaTransport()
-    arena = Arena(1)
-    assigned: dict[int, int | None] = {}
-    task = [0]
-
-    def roundtrip(batch, collate_into=True):
-        task_id = task[0]
-        task[0] += 1
-        slot = arena.assign(0)
-        assigned[task_id] = slot
-        writer = transport.writer()
-        with writer.collating_into(slot):
-            pass
-        transport.send(worker_end, Done(task_id, batch))
-        return arena.receive(0, main_end, assigned).payload
-
-    yield roundtrip, arena, transport
-    main_end.close()
-    worker_end.close()
+    made = Link()
+    yield made.roundtrip, made.arena, made
+    made.close()
 
 
 def test_structure_values_and_types_survive(link):
@@ -92,14 +106,15 @@ def test_kept_batches_are_never_overwritten(link):
 
 
 def test_growing_batch_moves_to_a_bigger_slot_and_retires_the_small_one(link):
-    roundtrip, arena, transport = link
+    roundtrip, arena, made = link
     small = roundtrip(np.ones(1000))
     del small
     gc.collect()
     big = roundtrip(np.ones(1_000_000))
     assert (big == 1).all()
     assert len(arena.pools[0].maps) == 1
-    assert len(transport.writer().slots) == 1
+    assert len(made.writer.slots) == 1
+    assert len(arena.pools[0].fds) == 1  # the retired slot's descriptor is closed
     assert next(iter(arena.pools[0].sizes.values())) >= big.nbytes
 
 
@@ -112,43 +127,88 @@ def test_torch_tensors_come_back_as_tensors_sharing_the_slot(link):
     assert out["b"].dtype == torch.bfloat16  # no numpy dtype: travels pickled, still right
 
 
-def test_arena_limit_falls_back_to_pickling_with_one_warning(link, monkeypatch):
+def test_arena_limit_falls_back_to_pickling_with_one_warning(monkeypatch):
     monkeypatch.setenv(ARENA_LIMIT_ENV, "1000")
-    main_end, worker_end = multiprocessing.Pipe(duplex=True)
-    transport = ArenaTransport(limit=1000)
-    arena = Arena(1)
+    made = Link(Arena(limit=1000))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        for task_id in range(3):
-            transport.send(worker_end, Done(task_id, np.arange(10_000)))
-            out = arena.receive(0, main_end, {}).payload
-            np.testing.assert_array_equal(out, np.arange(10_000))
+        for _ in range(3):
+            np.testing.assert_array_equal(made.roundtrip(np.arange(10_000)), np.arange(10_000))
     messages = [str(w.message) for w in caught if ARENA_LIMIT_ENV in str(w.message)]
     assert len(messages) == 1
-    main_end.close()
-    worker_end.close()
+    assert made.arena.pools[0].maps == {}
+    made.close()
 
 
 def test_non_batch_replies_release_their_slot(link):
-    roundtrip, arena, transport = link
+    roundtrip, arena, made = link
     held = roundtrip(np.ones(100))
     del held
     gc.collect()
-    main_end, worker_end = multiprocessing.Pipe(duplex=True)
-    slot = arena.assign(0)
+    made.link.send_request(0, made.tasks_main, Task(99, [99]))
+    task = made.writer.recv_request(made.tasks_worker)
+    slot = task.slot.use
     assert slot is not None
-    assigned = {99: slot}
-    transport.send(worker_end, Exhausted(99))
-    assert isinstance(arena.receive(0, main_end, assigned), Exhausted)
-    assert arena.assign(0) == slot  # back on the free list
-    main_end.close()
-    worker_end.close()
+    with made.writer.around_fetch(task):
+        pass
+    made.writer.send_reply(made.results_worker, Exhausted(99))
+    assert isinstance(made.link.recv_reply(0, made.results_main), Exhausted)
+    assert arena.order(0, {slot}).use == slot  # back on the free list
 
 
-def test_no_file_descriptor_is_kept_per_slot_or_batch(link):
-    roundtrip, arena, _ = link
+def test_descriptors_kept_are_bounded_whatever_the_slots_and_batches(monkeypatch):
+    monkeypatch.setattr("stoker._arena.fd_budget", lambda: 4)
     before = len(os.listdir("/proc/self/fd"))
-    kept = [roundtrip(np.ones(10_000)) for _ in range(30)]
-    assert len(arena.pools[0].maps) >= 30
-    assert len(os.listdir("/proc/self/fd")) == before
+    made = Link()  # four socket descriptors
+    kept = [made.roundtrip(np.ones(10_000)) for _ in range(30)]
+    assert len(made.arena.pools[0].maps) >= 30
+    assert len(made.arena.pools[0].fds) == 4
+    assert len(os.listdir("/proc/self/fd")) == before + 4 + 4
     del kept
+    made.close()
+    arena = made.arena
+    del made
+    del arena
+    gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == before  # the arena's finalizer closed them
+
+
+def test_the_next_workers_reuse_the_slots_of_the_last_ones(link):
+    """Non-persistent workers are new processes each epoch: they are handed the slots."""
+    roundtrip, arena, first = link
+    batch = roundtrip({"x": np.full((64, 64), 1.0)}, collate=None)
+    slot_ids = set(arena.pools[0].maps)
+    del batch
+    gc.collect()
+    first.close()
+    second = Link(arena)  # a new engine: its worker maps nothing yet
+    out = second.roundtrip([{"x": np.full(64, 2.0)}] * 64, collate=default_collate)
+    order = second.orders[-1]
+    assert order.use in slot_ids and order.attach  # the descriptor came with the task
+    assert set(arena.pools[0].maps) == slot_ids  # no new slot, no new mapping in main
+    assert (out["x"] == 2.0).all() and out["x"].shape == (64, 64)
+    again = second.roundtrip([{"x": np.full(64, 3.0)}] * 64, collate=default_collate)
+    assert not second.orders[-1].attach  # mapped once per process
+    assert (again["x"] == 3.0).all() and (out["x"] == 2.0).all()
+    second.close()
+
+
+def test_a_worker_without_a_free_slot_makes_one_up_front_from_the_last_size(link):
+    roundtrip, arena, made = link
+    samples = [{"x": np.full(1000, 7.0)}] * 16
+    held = [roundtrip(samples, collate=default_collate) for _ in range(3)]
+    assert made.orders[0].size_hint == 0  # nothing seen yet: made after collation, then copied
+    assert all(o.use is None and o.size_hint >= 16 * 1000 * 8 for o in made.orders[1:])
+    assert all((h["x"] == 7.0).all() for h in held)
+    assert len(arena.pools[0].maps) == 3
+
+
+def test_slots_of_tasks_that_never_answered_are_free_after_close():
+    made = Link()
+    made.roundtrip(np.ones(1000))
+    gc.collect()
+    made.link.send_request(0, made.tasks_main, Task(50, [50]))  # the worker dies on it
+    given = made.writer.recv_request(made.tasks_worker).slot.use
+    assert given is not None and made.arena.order(0, {given}).use is None
+    made.close()
+    assert made.arena.order(0, {given}).use == given
