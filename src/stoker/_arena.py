@@ -58,7 +58,7 @@ from typing import Any
 
 import numpy as np
 
-from ._protocol import Done, Reply, Request, Task
+from ._protocol import Compact, Done, Reply, Request, Task
 from ._transport import recv_out_of_band
 
 ALIGN = 64
@@ -98,7 +98,7 @@ def fd_budget() -> int:
 
 # ------------------------------------------------------------------ wire records
 @dataclass(frozen=True)
-class SlotOrder:
+class SlotOrder(Compact):
     """Where a worker collates one task's batch (`Task.slot`)."""
 
     use: int | None  # a slot of the worker's pool to collate into, or None
@@ -110,22 +110,19 @@ class SlotOrder:
 
 
 @dataclass(frozen=True)
-class Leaf:
+class Leaf(Compact):
     """Where one array leaf of a batch lies."""
 
     slot_id: int
     offset: int
     dtype: str
     shape: tuple[int, ...]
+    nbytes: int
     torch: bool  # rebuilt as a torch tensor (else a numpy array)
-
-    @property
-    def end(self) -> int:
-        return self.offset + int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
 @dataclass(frozen=True)
-class SlotHeader:
+class SlotHeader(Compact):
     """A batch whose array leaves lie in slots; the pickled body follows, then new slots' fds."""
 
     task_id: int
@@ -135,7 +132,7 @@ class SlotHeader:
 
 
 @dataclass(frozen=True)
-class OutOfBandHeader:
+class OutOfBandHeader(Compact):
     """A batch pickled with out-of-band buffers of these sizes (no slot could be had)."""
 
     task_id: int
@@ -143,7 +140,7 @@ class OutOfBandHeader:
 
 
 @dataclass(frozen=True)
-class PlainHeader:
+class PlainHeader(Compact):
     """A reply that carries no batch (Failed, Exhausted), pickled whole in the next frame."""
 
 
@@ -306,7 +303,7 @@ class SlotWriter:
 
     # requests ------------------------------------------------------------------
     def recv_request(self, conn: Any) -> Request:
-        message = conn.recv()
+        message = pickle.loads(conn.recv_bytes())
         if isinstance(message, Task) and isinstance(message.slot, SlotOrder) and message.slot.attach:
             order = message.slot
             (fd,) = _recv_fds(conn, 1)
@@ -348,8 +345,9 @@ class SlotWriter:
     # replies -------------------------------------------------------------------
     def send_reply(self, conn: Any, reply: Reply) -> None:
         header, frames, fds = self.encode(reply)
-        conn.send(header)
-        for frame in frames:
+        # the header and the pickled batch travel as one message: one read in the main process
+        conn.send_bytes(pickle.dumps((header, frames[0]), protocol=5))
+        for frame in frames[1:]:
             conn.send_bytes(frame)
         if fds:
             try:
@@ -368,7 +366,7 @@ class SlotWriter:
         leaves: list[tuple[np.ndarray, bool]] = []
         stream = io.BytesIO()
         _LeafPickler(stream, leaves).dump(reply.payload)
-        body = stream.getbuffer()
+        body = stream.getvalue()
         if not leaves:
             self._discard(made)
             return SlotHeader(reply.task_id, (), (), ()), [body], []
@@ -389,7 +387,7 @@ class SlotWriter:
             offsets = [slot.holds(a) for a, _ in leaves]
             if all(o is not None for o in offsets):
                 table = tuple(
-                    Leaf(slot.slot_id, offset, a.dtype.str, a.shape, torch)  # type: ignore[arg-type]
+                    Leaf(slot.slot_id, offset, a.dtype.str, a.shape, a.nbytes, torch)  # type: ignore[arg-type]
                     for (a, torch), offset in zip(leaves, offsets)
                 )
                 if made is not None:
@@ -420,7 +418,7 @@ class SlotWriter:
             offset = target.take(array.nbytes)
             assert offset is not None
             np.copyto(target.view(offset, array.dtype, array.shape), source, casting="no")
-            table.append(Leaf(target.slot_id, offset, array.dtype.str, array.shape, torch))
+            table.append(Leaf(target.slot_id, offset, array.dtype.str, array.shape, array.nbytes, torch))
         retired: tuple[int, ...] = ()
         if given is not None and target is not given:
             self._retire(given)
@@ -537,15 +535,14 @@ class Arena:
 
     def receive(self, worker_id: int, conn: Any) -> tuple[Reply, SlotHeader | None]:
         """Read one reply of worker `worker_id`; the slot header when it carried one."""
-        header = conn.recv()
+        header, body = pickle.loads(conn.recv_bytes())
         if isinstance(header, PlainHeader):
-            return pickle.loads(conn.recv_bytes()), None
+            return pickle.loads(body), None
         if isinstance(header, OutOfBandHeader):
             self._warn_fallback()
-            return Done(header.task_id, recv_out_of_band(conn, list(header.sizes))), None
+            return Done(header.task_id, recv_out_of_band(conn, list(header.sizes), body)), None
         if not isinstance(header, SlotHeader):
             raise pickle.UnpicklingError(f"unexpected reply header {type(header).__name__}")
-        body = conn.recv_bytes()
         pool = self.pools[worker_id]
         if header.new:
             fds = _recv_fds(conn, len(header.new))
@@ -561,7 +558,7 @@ class Arena:
                     if fd is not None:
                         os.close(fd)
         if header.leaves:
-            pool.last_need = max(leaf.end for leaf in header.leaves)
+            pool.last_need = max(leaf.offset + leaf.nbytes for leaf in header.leaves)
         owners = {slot_id: self._lease(pool, slot_id) for slot_id in {leaf.slot_id for leaf in header.leaves}}
         views = [_view(owners[leaf.slot_id], leaf) for leaf in header.leaves]
         payload = _LeafUnpickler(io.BytesIO(body), views).load()
@@ -620,9 +617,7 @@ def _close_fds(pools: dict[int, WorkerPool]) -> None:
 
 
 def _view(owner: np.ndarray, leaf: Leaf) -> Any:
-    dt = np.dtype(leaf.dtype)
-    nbytes = int(np.prod(leaf.shape, dtype=np.int64)) * dt.itemsize
-    array = owner[leaf.offset : leaf.offset + nbytes].view(dt).reshape(leaf.shape)
+    array = owner[leaf.offset : leaf.offset + leaf.nbytes].view(leaf.dtype).reshape(leaf.shape)
     if leaf.torch:
         import torch
 
@@ -644,12 +639,12 @@ class ArenaLink:
 
     def send_request(self, worker_id: int, conn: Any, message: Request) -> None:
         if not isinstance(message, Task):
-            conn.send(message)
+            conn.send_bytes(pickle.dumps(message, protocol=5))
             return
         order = self.arena.order(worker_id, self._mapped[worker_id])
         if order.use is not None:
             self._assigned[message.task_id] = (worker_id, order.use)
-        conn.send(Task(message.task_id, message.index, order))
+        conn.send_bytes(pickle.dumps(Task(message.task_id, message.index, order), protocol=5))
         if order.attach:
             assert order.use is not None
             _send_fds(conn, [self.arena.fd_of(worker_id, order.use)])

@@ -22,9 +22,11 @@ runs when the iterator is exhausted, dropped, garbage-collected, or at interpret
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 import queue
+import select
 import threading
 import time
 import warnings
@@ -180,6 +182,8 @@ class ProcessEngine:
         self._tasks: list[connection.Connection] = []
         self._results: list[connection.Connection | None] = []
         self._deaths: dict[int, Death] = {}
+        self._poller = select.poll()
+        self._watched: dict[int, tuple[int, bool]] = {}  # fd -> (worker id, is its sentinel)
         self._closed = False
         first = configs[0]
         heavy: Any = (first.dataset, first.collate_fn, first.worker_init_fn)
@@ -217,9 +221,20 @@ class ProcessEngine:
         finally:
             task_reader.close()
             result_writer.close()
+        worker_id = len(self._processes)
         self._processes.append(process)
         self._tasks.append(task_writer)
         self._results.append(result_reader)
+        self._watch(result_reader.fileno(), worker_id, died=False)
+        self._watch(process.sentinel, worker_id, died=True)
+
+    def _watch(self, fd: int, worker_id: int, died: bool) -> None:
+        self._watched[fd] = (worker_id, died)
+        self._poller.register(fd, select.POLLIN)
+
+    def _unwatch(self, fd: int) -> None:
+        if self._watched.pop(fd, None) is not None:
+            self._poller.unregister(fd)
 
     @property
     def pids(self) -> list[int | None]:
@@ -232,18 +247,21 @@ class ProcessEngine:
             pass  # the worker is gone; its sentinel reports how
 
     def poll(self, timeout: float | None) -> Polled:
-        readers = [r for r in self._results if r is not None]
-        sentinels = [p.sentinel for i, p in enumerate(self._processes) if i not in self._deaths]
-        if not readers and not sentinels:
+        if not self._watched:
             return []
+        # one poll object for the engine's life: registering every pipe and sentinel anew
+        # for each wait (as multiprocessing.connection.wait does) costs more than the wait
+        wait_ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
         got: Polled = []
-        for ready in connection.wait(readers + sentinels, timeout):
-            if isinstance(ready, int):
-                worker_id = next(i for i, p in enumerate(self._processes) if p.sentinel == ready)
+        for fd, _ in self._poller.poll(wait_ms):
+            watched = self._watched.get(fd)
+            if watched is None:
+                continue
+            worker_id, died = watched
+            if died:
                 got.extend(self._drain(worker_id))
                 self._record_death(worker_id)
             else:
-                worker_id = self._results.index(ready)
                 got.extend(self._read(worker_id, block=True))
         return got
 
@@ -254,6 +272,7 @@ class ProcessEngine:
         try:
             return [(worker_id, self._transport.recv_reply(worker_id, reader))]
         except (EOFError, OSError, pickle.UnpicklingError):
+            self._unwatch(reader.fileno())
             reader.close()
             self._results[worker_id] = None
             self._record_death(worker_id)
@@ -272,6 +291,7 @@ class ProcessEngine:
         if worker_id in self._deaths or self._closed:
             return
         process = self._processes[worker_id]
+        self._unwatch(process.sentinel)
         process.join(TERMINATE_TIMEOUT_S)
         self._deaths[worker_id] = (worker_id, process.pid, process.exitcode)
 

@@ -31,8 +31,18 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 
+class Compact:
+    """Pickles a frozen dataclass as its class and field values: several times faster to
+    pickle and unpickle than the default (a state dict), which matters once per batch."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return type(self), tuple([getattr(self, name) for name in self.__dataclass_fields__])  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
-class Task:
+class Task(Compact):
     """Fetch one batch."""
 
     task_id: int
@@ -51,7 +61,7 @@ class Stop:
 
 
 @dataclass(frozen=True)
-class Done:
+class Done(Compact):
     """A batch, encoded by the transport."""
 
     task_id: int

@@ -101,9 +101,10 @@ class PickleTransport:
             conn.send_bytes(view)
 
 
-def recv_out_of_band(conn: Connection, sizes: list[int]) -> Any:
-    """Read a pickle-5 body and its out-of-band buffers of the given sizes; unpickle."""
-    body = conn.recv_bytes()
+def recv_out_of_band(conn: Connection, sizes: list[int], body: bytes | None = None) -> Any:
+    """Read a pickle-5 body (unless given) and its out-of-band buffers of the given sizes; unpickle."""
+    if body is None:
+        body = conn.recv_bytes()
     buffers = []
     for size in sizes:
         buffer = bytearray(size)
