@@ -66,19 +66,29 @@ DISTINCT_IMAGES = 256
 class Images:
     """W2/W6: 3x224x224 uint8 images; bandwidth dominates."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, images: np.ndarray | None = None) -> None:
         self.n = n
         # 256 distinct images (38 MB) so that reads come from memory, not from the CPU's
         # caches, as they do for the memcpy ceiling they are compared against.
-        self.images = np.random.default_rng(0).integers(
-            0, 255, (DISTINCT_IMAGES, *IMAGE_SHAPE), dtype=np.uint8
-        )
+        if images is None:
+            images = np.random.default_rng(0).integers(0, 255, (DISTINCT_IMAGES, *IMAGE_SHAPE), dtype=np.uint8)
+        self.images = images
+
+    def resized(self, n: int) -> Images:
+        """The same images, `n` samples long."""
+        return Images(n, self.images)
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> np.ndarray:
         return self.images[i % DISTINCT_IMAGES]
+
+
+def w2_samples(sizes: Sizes, workers: int) -> int:
+    """W2's epoch: at least `sizes.w2` images, and long enough for a steady-state window at
+    many workers (the same rule in batches as W7's, `w7_batches`, with the default prefetch)."""
+    return max(sizes.w2, 64 * (32 + 16 * workers))
 
 
 def _busy(rounds: int) -> int:
@@ -493,7 +503,8 @@ def _jobs(
             if "W1" in plan.workloads:
                 add("W1", lambda mod=mod, w=workers: mod.DataLoader(tiny, batch_size=256, num_workers=w))
             if "W2" in plan.workloads:
-                add("W2", lambda mod=mod, w=workers: mod.DataLoader(images, batch_size=64, num_workers=w))
+                w2 = images.resized(w2_samples(s, workers))
+                add("W2", lambda mod=mod, w=workers, w2=w2: mod.DataLoader(w2, batch_size=64, num_workers=w))
             if "W3" in plan.workloads:
                 add("W3", lambda mod=mod, w=workers: mod.DataLoader(heavy, batch_size=16, num_workers=w))
             if "W4" in plan.workloads:
