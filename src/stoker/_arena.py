@@ -398,8 +398,9 @@ class SlotWriter:
         target, fds, new = slot, [], []
         if target is None or need > target.size:
             self._discard(made)
-            spare_id = order.spare_id if order is not None else max(self.slots, default=-1) + 1
-            budget = order.budget if order is not None else None
+            if order is None:  # not ordered by an ArenaLink: no id to give a new slot
+                return None
+            spare_id, budget = order.spare_id, order.budget
             if given is not None and budget is not None:
                 budget += given.size  # the outgrown slot is retired
             fresh = self._make(spare_id, int(need * GROWTH), budget)
@@ -518,7 +519,7 @@ class Arena:
             pool = self.pool(worker_id)
             slot_id = pool.take_free(mapped)
             budget = None if self.limit is None else max(0, self.limit - pool.bytes)
-            hint = 0 if pool.last_need == 0 else _page_rounded(_aligned(int(pool.last_need * GROWTH)))
+            hint = int(pool.last_need * GROWTH)  # the worker rounds it when it makes the slot
             spare = next(self._ids)
             if slot_id is None:
                 return SlotOrder(None, 0, False, spare, hint, budget)
