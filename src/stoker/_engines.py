@@ -39,6 +39,7 @@ from typing import Any
 
 from ._arena import Arena, ArenaLink, arena_limit
 from ._fetch import EndOfStream, make_fetcher
+from ._parent import ParentWatch
 from ._protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
 from ._sharing import Packed
 from ._transport import PickleTransport
@@ -169,7 +170,6 @@ class ProcessEngine:
         self,
         configs: Sequence[WorkerConfig],
         context: BaseContext,
-        pdeathsig: bool,
         arena: Arena | None = None,
     ) -> None:
         self.num_workers = len(configs)
@@ -185,6 +185,7 @@ class ProcessEngine:
         self._poller = select.poll()
         self._watched: dict[int, tuple[int, bool]] = {}  # fd -> (worker id, is its sentinel)
         self._closed = False
+        parent = ParentWatch.for_start_method(context.get_start_method())
         first = configs[0]
         heavy: Any = (first.dataset, first.collate_fn, first.worker_init_fn)
         if context.get_start_method() != "fork":
@@ -192,7 +193,7 @@ class ProcessEngine:
         try:
             for config in configs:
                 light = replace(config, dataset=None, collate_fn=None, worker_init_fn=None)
-                self._start(light, heavy, context, pdeathsig)
+                self._start(light, heavy, context, parent)
         except BaseException:
             self.close()
             raise
@@ -200,14 +201,13 @@ class ProcessEngine:
             if isinstance(heavy, Packed):
                 heavy.close()
 
-    def _start(self, config: WorkerConfig, heavy: Any, context: BaseContext, pdeathsig: bool) -> None:
-        parent = None if context.get_start_method() == "forkserver" else os.getpid()
+    def _start(self, config: WorkerConfig, heavy: Any, context: BaseContext, parent: ParentWatch) -> None:
         # sockets, not pipes: both directions carry slot descriptors
         task_reader, task_writer = context.Pipe(duplex=True)
         result_reader, result_writer = context.Pipe(duplex=True)
         process = context.Process(  # type: ignore[attr-defined]
             target=process_main,
-            args=(config, heavy, task_reader, result_writer, self._transport.worker_side(), parent, pdeathsig),
+            args=(config, heavy, task_reader, result_writer, self._transport.worker_side(), parent),
             name=f"stoker-worker-{config.worker_id}",
             daemon=True,
         )

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import threading
 import time
 import warnings
 import weakref
@@ -335,13 +334,7 @@ def _make_engine(plan: _Plan, base_seed: int) -> Any:
     if plan.threads:
         return ThreadEngine([config(i, n, thread=True) for i in range(n)])
     context = plan.context if plan.context is not None else multiprocessing.get_context()
-    # PR_SET_PDEATHSIG fires when the *thread* that started the child exits, so it is only
-    # safe from the main thread; a forkserver child's parent is the server, not us.
-    pdeathsig = (
-        threading.current_thread() is threading.main_thread()
-        and context.get_start_method() != "forkserver"
-    )
-    return ProcessEngine([config(i, n, thread=False) for i in range(n)], context, pdeathsig, plan.arena)
+    return ProcessEngine([config(i, n, thread=False) for i in range(n)], context, plan.arena)
 
 
 def _pin_function(loader: Any) -> Any:

@@ -10,7 +10,6 @@ writing a task while the worker is busy writing a large reply.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import queue
 import random
@@ -27,13 +26,13 @@ import numpy as np
 
 from ._errors import ExceptionInfo, describe_index
 from ._fetch import EndOfStream, make_fetcher
+from ._parent import ParentWatch
 from ._protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
 from ._threads import limit_worker_pools
 
 T_co = TypeVar("T_co", covariant=True)
 
 PARENT_POLL_S = 0.5  # how often an idle worker checks that its parent is alive
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -158,25 +157,13 @@ def _serve(
         return Failed(task.task_id, ExceptionInfo(exc, where, keep_object=thread))
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when the thread that started it exits."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
-
-
 def process_main(
     config: WorkerConfig,
     heavy: tuple[Any, Any, Any],
     tasks: Connection,
     results: Connection,
     transport: Any,
-    parent_pid: int | None,
-    pdeathsig: bool,
+    parent: ParentWatch,
 ) -> None:
     """Entry point of a worker process.
 
@@ -188,11 +175,8 @@ def process_main(
     dataset, collate_fn, worker_init_fn = heavy
     config = replace(config, dataset=dataset, collate_fn=collate_fn, worker_init_fn=worker_init_fn)
     del heavy
-    if pdeathsig:
-        _die_with_parent()
-    if parent_pid is None:  # forkserver: our parent is the server, which exits with the main process
-        parent_pid = os.getppid()
-    elif os.getppid() != parent_pid:  # the main process died before we got here
+    parent_alive = parent.arm()
+    if parent_alive is None:  # the main process died before we got here
         return
     inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
 
@@ -231,7 +215,7 @@ def process_main(
             config,
             receive,
             send,
-            parent_alive=lambda: os.getppid() == parent_pid,
+            parent_alive=parent_alive,
             around_fetch=transport.around_fetch,
         )
     except (BrokenPipeError, ConnectionResetError):
