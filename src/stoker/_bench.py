@@ -188,7 +188,7 @@ def w7_batches(sizes: Sizes, workers: int) -> int:
 
 
 def _worker_info() -> Any:
-    info = stoker.get_worker_info()
+    info: Any = stoker.get_worker_info()  # stoker's WorkerInfo, else torch's
     if info is None and "torch" in sys.modules:
         import torch.utils.data
 
@@ -224,10 +224,11 @@ def _torch_stream_class() -> type:
     return type("TorchStream", (_StreamBody, torch.utils.data.IterableDataset), {"__module__": __name__})
 
 
+TorchStream: type | None
 try:  # a module-level name, so spawn can pickle it
     TorchStream = _torch_stream_class()
 except ImportError:
-    TorchStream = None  # type: ignore[assignment,misc]
+    TorchStream = None
 
 
 # ------------------------------------------------------------------- loaders
@@ -246,7 +247,10 @@ def loader_modules(with_torch: bool) -> dict[str, Any]:
 
 
 def _iterable_for(name: str, n: int) -> Any:
-    return TorchStream(n) if name == "torch" else StokerStream(n)
+    if name == "torch":
+        assert TorchStream is not None  # the "torch" loader is there only when torch imports
+        return TorchStream(n)
+    return StokerStream(n)
 
 
 # ------------------------------------------------------------------ results
@@ -501,19 +505,30 @@ def _jobs(
                 jobs.append((workload, name, workers, variant, lambda: _epoch_rate(make, workers, prefetch)))
 
             if "W1" in plan.workloads:
-                add("W1", lambda mod=mod, w=workers: mod.DataLoader(tiny, batch_size=256, num_workers=w))
+
+                def make_w1(mod: Any = mod, w: int = workers) -> Any:
+                    return mod.DataLoader(tiny, batch_size=256, num_workers=w)
+
+                add("W1", make_w1)
             if "W2" in plan.workloads:
                 w2 = images.resized(w2_samples(s, workers))
-                add("W2", lambda mod=mod, w=workers, w2=w2: mod.DataLoader(w2, batch_size=64, num_workers=w))
+
+                def make_w2(mod: Any = mod, w: int = workers, w2: Images = w2) -> Any:
+                    return mod.DataLoader(w2, batch_size=64, num_workers=w)
+
+                add("W2", make_w2)
             if "W3" in plan.workloads:
-                add("W3", lambda mod=mod, w=workers: mod.DataLoader(heavy, batch_size=16, num_workers=w))
+
+                def make_w3(mod: Any = mod, w: int = workers) -> Any:
+                    return mod.DataLoader(heavy, batch_size=16, num_workers=w)
+
+                add("W3", make_w3)
             if "W4" in plan.workloads:
-                add(
-                    "W4",
-                    lambda mod=mod, w=workers, name=name: mod.DataLoader(
-                        _iterable_for(name, s.w4), batch_size=256, num_workers=w
-                    ),
-                )
+
+                def make_w4(mod: Any = mod, w: int = workers, name: str = name) -> Any:
+                    return mod.DataLoader(_iterable_for(name, s.w4), batch_size=256, num_workers=w)
+
+                add("W4", make_w4)
             if "W7" in plan.workloads and sources is not None and name in W7_LOADERS:
                 for batch_size in W7_BATCH_SIZES:
                     crops = ImageNetCrops(sources, batch_size * w7_batches(s, workers))
@@ -771,15 +786,15 @@ def targets(rows: list[Result], ceiling: float) -> list[dict[str, Any]]:
         ratio_target(f"W7 b256 w={workers}", "W7", need, "b256", workers=workers)
     if w7_workers:
         workers = w7_workers[-1]
-        big, small = _find(rows, "W7", "stoker.torch", workers, "b256"), _find(rows, "W7", "stoker.torch", workers, "b64")
-        if big is not None and small is not None and big.main_us_per_batch and small.main_us_per_batch:
-            growth = big.main_us_per_batch / small.main_us_per_batch
+        b256, b64 = _find(rows, "W7", "stoker.torch", workers, "b256"), _find(rows, "W7", "stoker.torch", workers, "b64")
+        if b256 is not None and b64 is not None and b256.main_us_per_batch and b64.main_us_per_batch:
+            growth = b256.main_us_per_batch / b64.main_us_per_batch
             out.append(
                 {
                     "target": f"W7 main-process CPU per batch, b256 vs b64 (stoker.torch, w={workers})",
                     "met": growth <= W7_BATCH_COST_GROWTH,
                     "value": growth,
-                    "shown": f"{big.main_us_per_batch:.0f} µs vs {small.main_us_per_batch:.0f} µs "
+                    "shown": f"{b256.main_us_per_batch:.0f} µs vs {b64.main_us_per_batch:.0f} µs "
                     f"= {growth:.2f}x (target <= {W7_BATCH_COST_GROWTH:g}x)",
                 }
             )

@@ -56,7 +56,7 @@ class _Located(Exception):
     def __init__(self, reason: str) -> None:
         self.reason = reason
         self.path: list[Any] = []
-        super().__init__(reason)  # type: ignore[call-arg]
+        super().__init__(reason)
 
     def __str__(self) -> str:
         return f"default_collate: {self.reason} at {format_path(self.path)}"
@@ -151,9 +151,9 @@ def collate_containers(
                 fields[key] = recurse([d[key] for d in batch])
         try:
             if isinstance(elem, collections.abc.MutableMapping):
-                clone = copy.copy(elem)
-                clone.update(fields)
-                return clone
+                mapping = copy.copy(elem)
+                mapping.update(fields)
+                return mapping
             return elem_type(fields)
         except TypeError:
             return fields
@@ -173,10 +173,10 @@ def collate_containers(
         try:
             return elem_type(**values)
         except TypeError:
-            clone = copy.copy(elem)
+            instance = copy.copy(elem)
             for name, value in values.items():
-                object.__setattr__(clone, name, value)
-            return clone
+                object.__setattr__(instance, name, value)
+            return instance
     if isinstance(elem, collections.abc.Sequence) and not isinstance(elem, (str, bytes)):
         _check_same_type(batch, collections.abc.Sequence, "a sequence")
         i, ref, got = first_mismatch(batch, len)
@@ -193,10 +193,10 @@ def collate_containers(
             return out if tuple_as_list else tuple(out)
         try:
             if isinstance(elem, collections.abc.MutableSequence):
-                clone = copy.copy(elem)
+                sequence = copy.copy(elem)
                 for position, value in enumerate(out):
-                    clone[position] = value
-                return clone
+                    sequence[position] = value
+                return sequence
             return elem_type(out)
         except TypeError:
             return out

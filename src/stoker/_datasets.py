@@ -8,7 +8,7 @@ import math
 import sys
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeGuard, TypeVar
 
 from ._rng import GeneratorLike, RandomSource
 
@@ -38,7 +38,7 @@ class IterableDataset(Dataset[T_co], Iterable[T_co]):
         return ChainDataset([self, other])
 
 
-def is_iterable_dataset(obj: Any) -> bool:
+def is_iterable_dataset(obj: Any) -> TypeGuard[Iterable[Any]]:
     """True for stoker's IterableDataset and torch's (torch is not imported for this)."""
     if isinstance(obj, IterableDataset):
         return True

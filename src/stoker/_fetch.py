@@ -73,7 +73,7 @@ class IterableFetcher:
                 raise EndOfStream from None
             return self.collate_fn(sample)
         assert count is not None
-        samples = []
+        samples: list[Any] = []
         append = samples.append
         try:
             for _ in range(count):

@@ -20,13 +20,14 @@ import numpy as np
 
 if TYPE_CHECKING:
     import torch
+    from typing_extensions import TypeIs
 
 GeneratorLike = Union[None, int, np.random.Generator, "torch.Generator"]
 FLAVOURS = ("numpy", "torch")
 _SEED_BOUND = 2**63
 
 
-def is_torch_generator(obj: Any) -> bool:
+def is_torch_generator(obj: Any) -> TypeIs[torch.Generator]:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(obj, torch.Generator)
 
@@ -102,9 +103,12 @@ class RandomSource:
             raise ValueError(f"flavour must be one of {FLAVOURS}, got {flavour!r}")
         self.generator = generator
         self.flavour = flavour
-        self._own: np.random.Generator | None = None
-        if isinstance(generator, (int, np.integer)):
-            self._own = np.random.default_rng(int(generator))
+        # the numpy generator drawn from: the user's own, or one made once from an int seed
+        self._numpy: np.random.Generator | None = None
+        if isinstance(generator, np.random.Generator):
+            self._numpy = generator
+        elif isinstance(generator, (int, np.integer)):
+            self._numpy = np.random.default_rng(int(generator))
 
     def draws(self) -> Draws:
         """Draws from the source itself (no generator: straight from the global RNG)."""
@@ -131,17 +135,15 @@ class RandomSource:
     def _direct(self) -> Draws:
         if is_torch_generator(self.generator):
             return _TorchDraws(self.generator)
-        if self._own is not None:
-            return _NumpyDraws(self._own)
-        return _NumpyDraws(self.generator)
+        return _NumpyDraws(self._numpy)
 
     def seed64(self) -> int:
         """One non-negative 63-bit seed, drawn as torch's DataLoader draws its base seed."""
-        if is_torch_generator(self.generator) or (self.generator is None and self.flavour == "torch"):
+        generator = self.generator
+        if is_torch_generator(generator) or (generator is None and self.flavour == "torch"):
             import torch
 
-            return int(torch.empty((), dtype=torch.int64).random_(generator=self.generator).item())
-        if self.generator is None:
+            return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+        if self._numpy is None:
             return int(np.random.randint(0, _SEED_BOUND - 1, dtype=np.int64))
-        rng = self._own if self._own is not None else self.generator
-        return int(rng.integers(0, _SEED_BOUND - 1))
+        return int(self._numpy.integers(0, _SEED_BOUND - 1))

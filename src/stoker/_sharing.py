@@ -44,11 +44,14 @@ class Packed:
 
     def __init__(self, obj: Any) -> None:
         self.obj = obj
-        self._shared: dict[int, tuple[Any, int, int, str, tuple[int, ...], str]] = {}
+        self._shared: dict[int, tuple[Any, int, int, str, tuple[int, ...], bool]] = {}
         self._order: list[int] = []
 
-    def share(self, array: np.ndarray, kind: str) -> int:
-        """The index of `array`'s shared copy, making it on first use."""
+    def share(self, array: np.ndarray, is_torch: bool) -> int:
+        """The index of `array`'s shared copy, making it on first use.
+
+        `is_torch`: `array` is a torch tensor's numpy view, to come back as a tensor.
+        """
         key = id(array)
         if key not in self._shared:
             nbytes = array.nbytes
@@ -58,12 +61,12 @@ class Packed:
                 os.ftruncate(fd, size)
                 os.posix_fallocate(fd, 0, size)
                 with open(os.dup(fd), "r+b", buffering=0) as f:
-                    f.write(memoryview(np.ascontiguousarray(array)).cast("B"))
+                    f.write(np.ascontiguousarray(array).data.cast("B"))
             except BaseException:
                 os.close(fd)
                 raise
             # keep the array alive so its id() cannot be reused while we are packing
-            self._shared[key] = (array, fd, size, array.dtype.str, array.shape, kind)
+            self._shared[key] = (array, fd, size, array.dtype.str, array.shape, is_torch)
             self._order.append(key)
         return self._order.index(key)
 
@@ -73,8 +76,8 @@ class Packed:
         pickler.dump(self.obj)
         shared = []
         for key in self._order:
-            _, fd, size, dtype, shape, kind = self._shared[key]
-            shared.append((reduction.DupFd(fd), size, dtype, shape, kind))
+            _, fd, size, dtype, shape, is_torch = self._shared[key]
+            shared.append((reduction.DupFd(fd), size, dtype, shape, is_torch))
         return _unpack, (stream.getvalue(), shared)
 
     def close(self) -> None:
@@ -89,11 +92,11 @@ def _map_private(fd: int, size: int) -> Any:
     return map_fd(fd, size, private=True, what="shared dataset array")
 
 
-def _unpack(body: bytes, shared: list[tuple[Any, int, str, tuple[int, ...], str]]) -> Any:
+def _unpack(body: bytes, shared: list[tuple[Any, int, str, tuple[int, ...], bool]]) -> Any:
     import pickle
 
-    arrays = []
-    for dupfd, size, dtype, shape, kind in shared:
+    arrays: list[Any] = []
+    for dupfd, size, dtype, shape, is_torch in shared:
         fd = dupfd.detach()
         try:
             buffer = _map_private(fd, size)
@@ -102,11 +105,12 @@ def _unpack(body: bytes, shared: list[tuple[Any, int, str, tuple[int, ...], str]
         dt = np.dtype(dtype)
         count = int(np.prod(shape, dtype=np.int64))
         array = np.frombuffer(buffer, dtype=dt, count=count).reshape(shape)
-        if kind == "t":
+        if is_torch:
             import torch
 
-            array = torch.from_numpy(array)
-        arrays.append(array)
+            arrays.append(torch.from_numpy(array))
+        else:
+            arrays.append(array)
 
     class Loader(pickle.Unpickler):
         def persistent_load(self, pid: Any) -> Any:

@@ -174,9 +174,9 @@ def default_convert(data: Any) -> Any:
     if isinstance(data, collections.abc.Mapping):
         try:
             if isinstance(data, collections.abc.MutableMapping):
-                clone = copy.copy(data)
-                clone.update({key: default_convert(data[key]) for key in data})
-                return clone
+                mapping = copy.copy(data)
+                mapping.update({key: default_convert(data[key]) for key in data})
+                return mapping
             return elem_type({key: default_convert(data[key]) for key in data})
         except TypeError:
             return {key: default_convert(data[key]) for key in data}
@@ -187,10 +187,10 @@ def default_convert(data: Any) -> Any:
     if isinstance(data, collections.abc.Sequence) and not isinstance(data, (str, bytes)):
         try:
             if isinstance(data, collections.abc.MutableSequence):
-                clone = copy.copy(data)
+                sequence = copy.copy(data)
                 for i, d in enumerate(data):
-                    clone[i] = default_convert(d)
-                return clone
+                    sequence[i] = default_convert(d)
+                return sequence
             return elem_type([default_convert(d) for d in data])
         except TypeError:
             return [default_convert(d) for d in data]

@@ -231,3 +231,28 @@ def test_torch_flavour_without_generator_follows_torch_manual_seed() -> None:
     ours = list(st.RandomSampler(range(25)))
     torch.manual_seed(9)
     assert ours == list(tud.RandomSampler(range(25)))
+
+
+# ------------------------------------------------ datasets packed for spawn
+def test_packed_dataset_arrays_come_back_as_what_they_were() -> None:
+    """Large arrays cross to spawn/forkserver workers through shared memory; a torch tensor
+    must arrive as a tensor, a numpy array as an array."""
+    torch = pytest.importorskip("torch")
+    import io
+    import pickle
+    from multiprocessing import reduction
+
+    from stoker._sharing import SHARE_MIN_BYTES, Packed
+
+    tensor = torch.arange(SHARE_MIN_BYTES // 4, dtype=torch.float32)
+    array = np.arange(SHARE_MIN_BYTES // 8, dtype=np.float64)
+    packed = Packed({"tensor": tensor, "array": array, "small": torch.ones(3)})
+    try:
+        stream = io.BytesIO()
+        reduction.ForkingPickler(stream, 5).dump(packed)
+        out = pickle.loads(stream.getvalue())
+    finally:
+        packed.close()
+    assert type(out["tensor"]) is torch.Tensor and torch.equal(out["tensor"], tensor)
+    assert type(out["array"]) is np.ndarray and np.array_equal(out["array"], array)
+    assert type(out["small"]) is torch.Tensor and out["small"].tolist() == [1.0, 1.0, 1.0]
