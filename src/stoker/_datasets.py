@@ -157,11 +157,27 @@ class ChainDataset(IterableDataset[T_co]):
 
 
 class Subset(Dataset[T_co]):
-    """The samples of `dataset` at `indices`."""
+    """The samples of `dataset` at `indices`.
+
+    The DataLoader fetches a batch from a Subset with `__getitems__`, so a subclass that
+    overrides `__getitem__` must override `__getitems__` too; one that does not is refused
+    when it is made (NotImplementedError, as torch does), rather than having its
+    `__getitem__` silently bypassed. `__getitems__` may simply call `__getitem__` per index.
+    """
 
     def __init__(self, dataset: Dataset[T_co], indices: Sequence[int]) -> None:
         self.dataset = dataset
         self.indices = indices
+        cls = type(self)
+        if cls.__getitem__ is not Subset.__getitem__ and cls.__getitems__ is Subset.__getitems__:
+            raise NotImplementedError(
+                f"{cls.__name__} overrides __getitem__ but not __getitems__. "
+                "When subclassing Subset and overriding __getitem__, you must also override "
+                "__getitems__ to ensure DataLoader works correctly with your custom logic. "
+                "A simple implementation:\n\n"
+                "def __getitems__(self, indices):\n"
+                "    return [self.__getitem__(idx) for idx in indices]"
+            )
 
     def __getitem__(self, index: Any) -> T_co:
         if isinstance(index, list):

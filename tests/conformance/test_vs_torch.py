@@ -194,3 +194,50 @@ def test_iterable_batches_equal_torch_at_same_workers(n: int, batch_size: int | 
     theirs_len, theirs = run(tud)
     assert ours_len == theirs_len == (n if batch_size is None else (n // batch_size if drop_last else math.ceil(n / batch_size)))
     same(ours, theirs)
+
+
+# ------------------------------------------------------- Subset subclasses
+def _subset_subclass(mod: Any, overrides: str) -> type:
+    """A subclass of `mod.Subset` overriding `__getitem__`, `__getitems__`, both or neither;
+    "below_both": one overriding only `__getitem__` under one that overrides both. The
+    overrides mark their samples so that the batches show which one the loader called."""
+
+    def getitem(self: Any, i: int) -> Any:
+        return {"from": "getitem", "i": self.indices[i]}
+
+    def getitems(self: Any, indices: list[int]) -> Any:
+        return [{"from": "getitems", "i": self.indices[i]} for i in indices]
+
+    body: dict[str, Any] = {}
+    if overrides in ("getitem", "both", "below_both"):
+        body["__getitem__"] = getitem
+    if overrides in ("getitems", "both", "below_both"):
+        body["__getitems__"] = getitems
+    cls = type(f"Custom{overrides.title()}Subset", (mod.Subset,), body)
+    if overrides == "below_both":
+
+        def getitem_below(self: Any, i: int) -> Any:
+            return {"from": "getitem_below", "i": self.indices[i]}
+
+        cls = type("CustomBelowSubset", (cls,), {"__getitem__": getitem_below})
+    return cls
+
+
+@pytest.mark.parametrize("overrides", ["neither", "getitem", "getitems", "both", "below_both"])
+def test_subset_subclass_overriding_getitem_only_is_refused_as_torch_refuses(overrides: str) -> None:
+    def outcome(mod: Any) -> Any:
+        try:
+            subset = _subset_subclass(mod, overrides)(mod.TensorDataset(torch.arange(10)), [9, 2, 4, 7, 0])
+        except NotImplementedError as exc:
+            return "refused", str(exc)
+        return "made", len(subset), subset[1], list(mod.DataLoader(subset, batch_size=2))
+
+    import stoker
+
+    assert st.Subset is stoker.Subset  # so stoker.Subset refuses the same subclasses
+    theirs = outcome(tud)
+    if overrides == "getitem" and theirs[0] == "made":
+        pytest.skip("this torch does not refuse Subset subclasses that override only __getitem__")
+    ours = outcome(st)
+    same(ours, theirs)  # the same outcome, the same message, the same batches
+    assert (ours[0] == "refused") == (overrides == "getitem")

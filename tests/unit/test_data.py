@@ -74,6 +74,22 @@ def test_subset_and_getitems() -> None:
     assert len(sub) == 3 and sub[0] == 9 and sub.__getitems__([2, 0]) == [5, 9]
 
 
+def test_subset_subclass_must_override_getitems_with_getitem() -> None:
+    class Doubled(Subset):
+        def __getitem__(self, i):
+            return 2 * self.dataset[self.indices[i]]
+
+    with pytest.raises(NotImplementedError, match="Doubled overrides __getitem__ but not __getitems__"):
+        Doubled(ArrayDataset(list(range(10))), [9, 3, 5])
+
+    class DoubledBoth(Doubled):
+        def __getitems__(self, indices):
+            return [self[i] for i in indices]
+
+    sub = DoubledBoth(ArrayDataset(list(range(10))), [9, 3, 5])
+    assert sub[0] == 18 and [b.tolist() for b in stoker.DataLoader(sub, batch_size=2)] == [[18, 6], [10]]
+
+
 def test_stack_dataset_tuple_and_dict_forms() -> None:
     a, b = ArrayDataset([1, 2]), ArrayDataset(["x", "y"])
     assert StackDataset(a, b)[1] == (2, "y")
