@@ -664,6 +664,15 @@ class ArenaLink:
             self.arena.release(worker_id, given)
         return reply
 
+    def forget_worker(self, worker_id: int) -> None:
+        """The worker process died: its tasks' slots are free, and its replacement has
+        mapped nothing yet."""
+        for task_id, (owner, slot_id) in list(self._assigned.items()):
+            if owner == worker_id:
+                del self._assigned[task_id]
+                self.arena.release(owner, slot_id)
+        self._mapped[worker_id] = set()
+
     def close(self) -> None:
         """The workers are gone: slots given to tasks that never answered are free again."""
         assigned, self._assigned = self._assigned, {}

@@ -1,28 +1,33 @@
-"""Engines: how a task reaches a worker and how its reply comes back.
+"""Engines: where workers run, how a task reaches one and how its reply comes back.
 
-All three expose the same four calls, driven by the loader iterator and the scheduler:
+Every engine implements `Engine`, driven by the loader iterator and the scheduler:
 
+    start()                    start the workers (the engine builds their configs)
     send(worker_id, message)   hand a Task / Reset to one worker (never blocks for long)
     poll(timeout)              replies that arrived, as [(worker_id, reply)]; waits at most
                                `timeout` seconds for the first one
-    dead()                     workers that ended without being asked, as [(id, pid, exitcode)]
+    dead()                     workers that ended without being asked since the last call
+    restart(worker_id)         replace a dead worker: same id, same seed (processes only)
     close()                    the one shutdown procedure: idempotent, bounded in time
 
-`SerialEngine` runs each task inline when polled (num_workers=0). `ThreadEngine` runs
-`run_worker` on threads and passes batches by reference. `ProcessEngine` runs it in
-processes: tasks go down a pipe per worker, replies come back on a pipe per worker, and
-`poll` waits on those pipes and on the process sentinels together, so a worker that dies
-is seen at once, not at the next timeout.
+`make_engine(plan, base_seed)` picks one: `SerialEngine` runs each task inline when polled
+(num_workers=0), `ThreadEngine` runs `run_worker` on threads and passes batches by
+reference, `ProcessEngine` runs it in processes: tasks go down a socket per worker, replies
+come back on a socket per worker through the transport, and `poll` waits on those sockets
+and on the process sentinels together, so a worker that dies is seen at once. The process
+engine also decides how its workers die with the main process (`_parent.ParentWatch`).
 
-Shutdown (`ProcessEngine.close`): Stop to every worker → join for up to
-`JOIN_TIMEOUT_S` → SIGTERM the rest → join for up to `TERMINATE_TIMEOUT_S` → SIGKILL →
-reap, then close every pipe. It is reached from the iterator's `weakref.finalize`, so it
-runs when the iterator is exhausted, dropped, garbage-collected, or at interpreter exit.
+Shutdown (`ProcessEngine.close`): Stop to every worker → join for up to `JOIN_TIMEOUT_S`
+while reading and discarding whatever replies still arrive (so no worker stays blocked on
+a full socket) → SIGTERM the rest → join for up to `TERMINATE_TIMEOUT_S` → SIGKILL → reap,
+then close every socket. It is reached from the iterator's `weakref.finalize`, so it runs
+when the iterator is exhausted, dropped, garbage-collected, or at interpreter exit.
 """
 
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import pickle
 import queue
@@ -32,17 +37,19 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from multiprocessing import connection
 from multiprocessing.context import BaseContext
-from typing import Any
+from typing import Any, Protocol
 
 from ._arena import Arena, ArenaLink, arena_limit
+from ._errors import ExceptionInfo
 from ._fetch import EndOfStream, make_fetcher
 from ._parent import ParentWatch
+from ._plan import LoadPlan
 from ._protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
 from ._sharing import Packed
-from ._transport import PickleTransport
+from ._transport import PickleTransport, Transport
 from ._worker import WorkerConfig, process_main, run_worker
 
 JOIN_TIMEOUT_S = 2.0
@@ -51,10 +58,84 @@ THREAD_JOIN_TIMEOUT_S = 5.0
 TRANSPORT_ENV = "STOKER_TRANSPORT"
 
 Polled = list[tuple[int, Reply]]
-Death = tuple[int, int | None, int | None]
 
 
-class SerialEngine:
+@dataclass(frozen=True)
+class Death:
+    """A worker that ended without being asked."""
+
+    worker_id: int
+    pid: int | None  # None: a thread
+    exitcode: int | None  # negative: killed by that signal; None: unknown (a thread)
+
+
+class Engine(Protocol):
+    """Where a loader iterator's workers run."""
+
+    num_workers: int
+    can_restart: bool  # restart() can replace a dead worker
+
+    def start(self) -> None: ...
+
+    def send(self, worker_id: int, message: Request) -> None: ...
+
+    def poll(self, timeout: float | None) -> Polled: ...
+
+    def dead(self) -> list[Death]: ...
+
+    def pid(self, worker_id: int) -> int | None: ...
+
+    def restart(self, worker_id: int) -> int | None:
+        """Replace a dead worker with a new one of the same id and seed; its pid."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def make_engine(plan: LoadPlan, base_seed: int) -> Engine:
+    """The engine for a plan: inline, threads or processes, with its workers' configs."""
+
+    def configs(count: int, thread: bool) -> list[WorkerConfig]:
+        return [
+            WorkerConfig(
+                worker_id=worker_id,
+                num_workers=count,
+                base_seed=base_seed,
+                dataset=plan.dataset,
+                dataset_kind=plan.dataset_kind,
+                auto_collation=plan.auto_collation,
+                collate_fn=plan.collate_fn,
+                drop_last=plan.drop_last,
+                worker_init_fn=plan.worker_init_fn,
+                thread=thread,
+            )
+            for worker_id in range(count)
+        ]
+
+    n = plan.num_workers
+    if n == 0:
+        return SerialEngine(configs(1, thread=True)[0])
+    if plan.threads:
+        return ThreadEngine(configs(n, thread=True))
+    context = plan.context if plan.context is not None else multiprocessing.get_context()
+    return ProcessEngine(configs(n, thread=False), context, plan.arena)
+
+
+def make_transport(arena: Arena | None, num_workers: int) -> Transport:
+    """The shared-memory arena, or pickling when `STOKER_TRANSPORT=pickle`."""
+    if os.environ.get(TRANSPORT_ENV, "arena") == "pickle":
+        return PickleTransport()
+    return ArenaLink(arena if arena is not None else Arena(arena_limit()), num_workers)
+
+
+class _NoRestart:
+    can_restart = False
+
+    def restart(self, worker_id: int) -> int | None:
+        raise RuntimeError(f"{type(self).__name__} cannot restart a worker")
+
+
+class SerialEngine(_NoRestart):
     """num_workers=0: the caller's thread fetches each task when it polls."""
 
     num_workers = 1
@@ -64,6 +145,12 @@ class SerialEngine:
             config.dataset_kind, config.dataset, config.auto_collation, config.collate_fn, config.drop_last
         )
         self._queue: deque[Request] = deque()
+
+    def start(self) -> None:
+        """Nothing to start: tasks run in the caller's thread."""
+
+    def pid(self, worker_id: int) -> int | None:
+        return None
 
     def send(self, worker_id: int, message: Request) -> None:
         self._queue.append(message)
@@ -80,7 +167,7 @@ class SerialEngine:
             except EndOfStream:
                 return [(0, Exhausted(message.task_id))]
             except Exception as exc:  # re-raised unchanged by the iterator, as torch does
-                return [(0, Failed(message.task_id, exc))]
+                return [(0, Failed(message.task_id, ExceptionInfo.unchanged(exc)))]
         return []
 
     def dead(self) -> list[Death]:
@@ -90,16 +177,20 @@ class SerialEngine:
         self._queue.clear()
 
 
-class ThreadEngine:
+class ThreadEngine(_NoRestart):
     """Workers on threads of this process; batches are passed by reference."""
 
     def __init__(self, configs: Sequence[WorkerConfig]) -> None:
         self.num_workers = len(configs)
+        self._configs = configs
         self._inboxes: list[queue.SimpleQueue[Request]] = [queue.SimpleQueue() for _ in configs]
         self._replies: queue.SimpleQueue[tuple[int, Reply]] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._reported: set[int] = set()
         self._closed = False
-        for config, inbox in zip(configs, self._inboxes):
+
+    def start(self) -> None:
+        for config, inbox in zip(self._configs, self._inboxes):
             thread = threading.Thread(
                 target=_thread_main,
                 args=(config, inbox, self._replies),
@@ -108,6 +199,9 @@ class ThreadEngine:
             )
             thread.start()
             self._threads.append(thread)
+
+    def pid(self, worker_id: int) -> int | None:
+        return None
 
     def send(self, worker_id: int, message: Request) -> None:
         self._inboxes[worker_id].put(message)
@@ -127,7 +221,9 @@ class ThreadEngine:
     def dead(self) -> list[Death]:
         if self._closed:
             return []
-        return [(i, None, None) for i, t in enumerate(self._threads) if not t.is_alive()]
+        ended = [i for i, t in enumerate(self._threads) if not t.is_alive() and i not in self._reported]
+        self._reported.update(ended)
+        return [Death(i, None, None) for i in ended]
 
     def close(self) -> None:
         if self._closed:
@@ -166,49 +262,67 @@ class ProcessEngine:
     `STOKER_TRANSPORT=pickle` sends batches by pickling instead (for comparison and debugging).
     """
 
-    def __init__(
-        self,
-        configs: Sequence[WorkerConfig],
-        context: BaseContext,
-        arena: Arena | None = None,
-    ) -> None:
-        self.num_workers = len(configs)
-        self._transport: ArenaLink | PickleTransport
-        if os.environ.get(TRANSPORT_ENV, "arena") == "pickle":
-            self._transport = PickleTransport()
-        else:
-            self._transport = ArenaLink(arena if arena is not None else Arena(arena_limit()), len(configs))
-        self._processes: list[Any] = []
-        self._tasks: list[connection.Connection] = []
-        self._results: list[connection.Connection | None] = []
+    can_restart = True
+
+    def __init__(self, configs: Sequence[WorkerConfig], context: BaseContext, arena: Arena | None = None) -> None:
+        n = self.num_workers = len(configs)
+        first = configs[0]
+        self._heavy: tuple[Any, Any, Any] = (first.dataset, first.collate_fn, first.worker_init_fn)
+        # the heavy parts travel apart, packed with shared memory under spawn and forkserver
+        self._configs = [replace(c, dataset=None, collate_fn=None, worker_init_fn=None) for c in configs]  # type: ignore[arg-type]
+        self._context = context
+        self._transport = make_transport(arena, n)
+        self._processes: list[Any] = [None] * n
+        self._tasks: list[connection.Connection | None] = [None] * n
+        self._results: list[connection.Connection | None] = [None] * n
         self._deaths: dict[int, Death] = {}
+        self._unreported: list[Death] = []
         self._poller = select.poll()
         self._watched: dict[int, tuple[int, bool]] = {}  # fd -> (worker id, is its sentinel)
         self._closed = False
-        parent = ParentWatch.for_start_method(context.get_start_method())
-        first = configs[0]
-        heavy: Any = (first.dataset, first.collate_fn, first.worker_init_fn)
-        if context.get_start_method() != "fork":
-            heavy = Packed(heavy)  # large arrays go through shared memory, once
+
+    # ---------------------------------------------------------------- starting
+    def start(self) -> None:
+        self._start_workers(range(self.num_workers))
+
+    def restart(self, worker_id: int) -> int | None:
+        if worker_id not in self._deaths:
+            raise RuntimeError(f"worker {worker_id} is alive; only a dead worker is restarted")
+        self._retire(worker_id)
+        self._transport.forget_worker(worker_id)
+        del self._deaths[worker_id]
+        self._start_workers([worker_id])
+        return self.pid(worker_id)
+
+    def _start_workers(self, worker_ids: Sequence[int]) -> None:
+        method = self._context.get_start_method()
+        parent = ParentWatch.for_start_method(method)
+        heavy: Any = self._heavy
+        if method != "fork":
+            heavy = Packed(heavy)  # large arrays go through shared memory, once per start
         try:
-            for config in configs:
-                light = replace(config, dataset=None, collate_fn=None, worker_init_fn=None)
-                self._start(light, heavy, context, parent)
-        except BaseException:
-            self.close()
-            raise
+            for worker_id in worker_ids:
+                self._start(worker_id, heavy, parent)
         finally:
             if isinstance(heavy, Packed):
                 heavy.close()
 
-    def _start(self, config: WorkerConfig, heavy: Any, context: BaseContext, parent: ParentWatch) -> None:
+    def _start(self, worker_id: int, heavy: Any, parent: ParentWatch) -> None:
+        context = self._context
         # sockets, not pipes: both directions carry slot descriptors
         task_reader, task_writer = context.Pipe(duplex=True)
         result_reader, result_writer = context.Pipe(duplex=True)
         process = context.Process(  # type: ignore[attr-defined]
             target=process_main,
-            args=(config, heavy, task_reader, result_writer, self._transport.worker_side(), parent),
-            name=f"stoker-worker-{config.worker_id}",
+            args=(
+                self._configs[worker_id],
+                heavy,
+                task_reader,
+                result_writer,
+                self._transport.worker_side(),
+                parent,
+            ),
+            name=f"stoker-worker-{worker_id}",
             daemon=True,
         )
         try:
@@ -221,12 +335,26 @@ class ProcessEngine:
         finally:
             task_reader.close()
             result_writer.close()
-        worker_id = len(self._processes)
-        self._processes.append(process)
-        self._tasks.append(task_writer)
-        self._results.append(result_reader)
+        self._processes[worker_id] = process
+        self._tasks[worker_id] = task_writer
+        self._results[worker_id] = result_reader
         self._watch(result_reader.fileno(), worker_id, died=False)
         self._watch(process.sentinel, worker_id, died=True)
+
+    def _retire(self, worker_id: int) -> None:
+        """Release a dead worker's sockets and process object."""
+        for channels in (self._tasks, self._results):
+            conn = channels[worker_id]
+            if conn is not None:
+                self._unwatch(conn.fileno())
+                conn.close()
+                channels[worker_id] = None
+        process = self._processes[worker_id]
+        if process is not None:
+            self._unwatch(process.sentinel)
+            if process.exitcode is not None:
+                process.close()
+            self._processes[worker_id] = None
 
     def _watch(self, fd: int, worker_id: int, died: bool) -> None:
         self._watched[fd] = (worker_id, died)
@@ -236,13 +364,24 @@ class ProcessEngine:
         if self._watched.pop(fd, None) is not None:
             self._poller.unregister(fd)
 
+    # ---------------------------------------------------------------- running
     @property
     def pids(self) -> list[int | None]:
-        return [p.pid for p in self._processes]
+        return [self.pid(i) for i in range(self.num_workers)]
+
+    def pid(self, worker_id: int) -> int | None:
+        process = self._processes[worker_id]
+        if process is None:
+            death = self._deaths.get(worker_id)
+            return death.pid if death is not None else None
+        return process.pid
 
     def send(self, worker_id: int, message: Request) -> None:
+        tasks = self._tasks[worker_id]
+        if tasks is None:
+            return
         try:
-            self._transport.send_request(worker_id, self._tasks[worker_id], message)
+            self._transport.send_request(worker_id, tasks, message)
         except OSError:
             pass  # the worker is gone; its sentinel reports how
 
@@ -293,52 +432,64 @@ class ProcessEngine:
         process = self._processes[worker_id]
         self._unwatch(process.sentinel)
         process.join(TERMINATE_TIMEOUT_S)
-        self._deaths[worker_id] = (worker_id, process.pid, process.exitcode)
+        death = Death(worker_id, process.pid, process.exitcode)
+        self._deaths[worker_id] = death
+        self._unreported.append(death)
 
     def dead(self) -> list[Death]:
-        return list(self._deaths.values())
+        deaths, self._unreported = self._unreported, []
+        return deaths
 
+    # ---------------------------------------------------------------- shutdown
     def close(self) -> None:
         """Stop every worker, escalating to SIGTERM and SIGKILL; safe to call repeatedly."""
         if self._closed:
             return
         self._closed = True
         for tasks in self._tasks:
-            try:
-                tasks.send(Stop())
-            except OSError:
-                pass
-        _stop_processes(self._processes)
+            if tasks is not None:
+                try:
+                    tasks.send(Stop())
+                except OSError:
+                    pass
+        processes = [p for p in self._processes if p is not None]
+        self._join(processes, JOIN_TIMEOUT_S)
+        for process in processes:
+            if process.exitcode is None:
+                process.terminate()
+        self._join(processes, TERMINATE_TIMEOUT_S)
+        for process in processes:
+            if process.exitcode is None:
+                process.kill()
+        self._join(processes, None)
         self._transport.close()
         for conn in [*self._tasks, *self._results]:
             if conn is not None:
                 conn.close()
-        for process in self._processes:
+        for process in processes:
             process.close()
 
-
-def _stop_processes(processes: Sequence[Any]) -> None:
-    """Join → terminate → join → kill, each step bounded; reaps every process."""
-    _join_all(processes, JOIN_TIMEOUT_S)
-    for process in processes:
-        if process.exitcode is None:
-            process.terminate()
-    _join_all(processes, TERMINATE_TIMEOUT_S)
-    for process in processes:
-        if process.exitcode is None:
-            process.kill()
-    _join_all(processes, None)
-
-
-def _join_all(processes: Sequence[Any], timeout: float | None) -> None:
-    live = {p.sentinel: p for p in processes if p.exitcode is None}
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while live:
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            break
-        for sentinel in connection.wait(list(live), remaining):
-            live.pop(sentinel).join()
+    def _join(self, processes: Sequence[Any], timeout: float | None) -> None:
+        """Reap processes as they exit, for at most `timeout` seconds, reading and
+        discarding their replies meanwhile: a worker blocked writing a large reply to a
+        full socket must not make the join wait out its timeout."""
+        live = {p.sentinel: p for p in processes if p.exitcode is None}
+        readers = {
+            conn.fileno(): worker_id for worker_id, conn in enumerate(self._results) if conn is not None
+        }
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while live:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            for ready in connection.wait([*live, *readers], remaining):
+                if ready in live:
+                    live.pop(ready).join()
+                else:
+                    worker_id = readers[ready]  # type: ignore[index]
+                    self._drain(worker_id)
+                    if self._results[worker_id] is None:
+                        del readers[ready]  # type: ignore[arg-type]
 
 
 def _explain_start_failure(exc: Exception, heavy: Any, context: BaseContext) -> Exception:
@@ -346,6 +497,15 @@ def _explain_start_failure(exc: Exception, heavy: Any, context: BaseContext) -> 
     from multiprocessing.reduction import ForkingPickler
 
     method = context.get_start_method()
+    if isinstance(exc, (TypeError, AttributeError, pickle.PicklingError)):
+        # torch's warning, word for word at its start, so that code matching it still does
+        warnings.warn(
+            "Got pickle error when attempting to start a worker Process. The worker's "
+            f"arguments must be picklable under multiprocessing_context={method!r} (the "
+            "default start method is 'forkserver' from Python 3.14 on non-Mac POSIX "
+            "platforms); multiprocessing.set_start_method('fork') avoids pickling them.",
+            stacklevel=7,  # the user's iter(loader)
+        )
     parts = heavy.obj if isinstance(heavy, Packed) else heavy
     for name, value in zip(("dataset", "collate_fn", "worker_init_fn"), parts):
         try:

@@ -30,16 +30,33 @@ class WorkerError(RuntimeError):
 class WorkerDiedError(RuntimeError):
     """A DataLoader worker process exited or was killed while the loader needed it.
 
-    Attributes: `worker_id`, `pid`, `exitcode` (negative: killed by signal `-exitcode`).
+    Attributes: `worker_id`, `pid`, `exitcode` (negative: killed by signal `-exitcode`),
+    and, when the worker owed one, `batch` (its number in the epoch) and `index` (what it
+    fetched: the sample indices of that batch).
     """
 
-    def __init__(self, worker_id: int, pid: int | None, exitcode: int | None, detail: str = "") -> None:
+    def __init__(
+        self,
+        worker_id: int,
+        pid: int | None,
+        exitcode: int | None,
+        detail: str = "",
+        *,
+        batch: int | None = None,
+        index: Any = None,
+    ) -> None:
         self.worker_id = worker_id
         self.pid = pid
         self.exitcode = exitcode
+        self.batch = batch
+        self.index = index
         super().__init__(
             f"DataLoader worker {worker_id} (pid {pid}) {describe_exit(exitcode)}{detail}"
         )
+
+
+class WorkerRestartWarning(RuntimeWarning):
+    """A worker process died and was replaced (`max_worker_restarts`); nothing was lost."""
 
 
 class RemoteTraceback(Exception):
@@ -89,6 +106,7 @@ class ExceptionInfo:
     """A picklable record of an exception raised in a worker."""
 
     def __init__(self, exc: BaseException, where: str, keep_object: bool = False) -> None:
+        self.as_is = False
         self.exc_type = type(exc)
         self.message = str(exc)
         self.where = where
@@ -98,6 +116,14 @@ class ExceptionInfo:
             self.pickled: bytes | None = pickle.dumps(exc)
         except Exception:
             self.pickled = None
+
+    @classmethod
+    def unchanged(cls, exc: BaseException) -> ExceptionInfo:
+        """A record that re-raises `exc` itself (raised in this process, in this thread's
+        view: num_workers=0, or an error stoker makes about a worker)."""
+        info = cls(exc, "", keep_object=True)
+        info.as_is = True
+        return info
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -116,6 +142,8 @@ class ExceptionInfo:
 
     def rebuild(self) -> BaseException:
         """The exception to raise in the main process: the original type when possible."""
+        if self.as_is and self.local is not None:
+            return self.local
         message = f"Caught {self.type_name()} {self.where}: {self.message}"
         cause = RemoteTraceback(
             f"\n\nTraceback in the worker ({self.where}):\n\"\"\"\n{self.traceback}\"\"\""

@@ -1,9 +1,15 @@
-"""The loader iterator: epochs, the engine, the scheduler, errors and shutdown.
+"""The loader iterator: epochs, the engine, the scheduler, worker deaths and shutdown.
 
-`iter_loader(loader)` picks the engine once (serial, threads or processes) and returns a
-`LoaderIterator`. Each `__next__` refills the prefetch window, hands out the next batch the
-scheduler releases, and otherwise waits on the engine — in slices, so that a dead worker is
-seen within a second and `timeout` is honoured.
+A `LoaderIterator` is made from a `LoadPlan` (one frozen value the loader builds). Each
+`__next__` refills the prefetch window, hands out the next batch the scheduler releases,
+and otherwise waits on the engine — in slices, so that a dead worker is seen within a
+second and `timeout` is honoured.
+
+A worker process that dies costs nothing already made: the batches before the first one it
+owed are delivered, and then either it is replaced (`max_worker_restarts`: same id and
+seed, the batches it owed re-sent, one `WorkerRestartWarning` per restart) or the iterator
+raises `WorkerDiedError` at that batch's position, naming it. A batch that kills two
+workers in a row is not sent a third time.
 
 With `persistent_workers`, the loader keeps one iterator and `iter(loader)` starts its
 next epoch. When the current epoch's last index has been dispatched, the next epoch's
@@ -18,131 +24,40 @@ dropped, garbage-collected, closed, or at interpreter exit.
 from __future__ import annotations
 
 import math
-import multiprocessing
 import time
 import warnings
 import weakref
-from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ._engines import ProcessEngine, SerialEngine, ThreadEngine
-from ._errors import WorkerDiedError, describe_index
-from ._protocol import Done, Failed
-from ._scheduler import Scheduler
-from ._worker import WorkerConfig
+from ._engines import Death, Engine, make_engine
+from ._errors import ExceptionInfo, WorkerDiedError, WorkerRestartWarning, describe_index
+from ._plan import LoadPlan
+from ._protocol import Done, Failed, Task
+from ._scheduler import Owed, Scheduler
 
 T = TypeVar("T")
 
 WAIT_SLICE_S = 0.5  # longest single wait on the engine; bounds how late a dead thread is seen
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """What the iterator needs from the loader, read once."""
-
-    dataset: Any
-    dataset_kind: str
-    auto_collation: bool
-    index_sampler: Any
-    collate_fn: Any
-    drop_last: bool
-    batch_size: int | None
-    num_workers: int
-    window: int
-    persistent: bool
-    timeout: float
-    worker_init_fn: Any
-    context: Any
-    in_order: bool
-    pin_memory: bool
-    threads: bool
-    flavour: str
-    len_called: int | None
-    arena: Any  # the loader's shared-memory arena (process workers), else None
-
-    @classmethod
-    def of(cls, loader: Any) -> _Plan:
-        workers = loader.num_workers
-        prefetch = loader.prefetch_factor if workers > 0 else 1
-        return cls(
-            dataset=loader.dataset,
-            dataset_kind=loader._dataset_kind,
-            auto_collation=loader._auto_collation,
-            index_sampler=loader._index_sampler,
-            collate_fn=loader.collate_fn,
-            drop_last=loader.drop_last,
-            batch_size=loader.batch_size,
-            num_workers=workers,
-            window=max(1, prefetch * max(workers, 1)),
-            persistent=bool(loader.persistent_workers) and workers > 0,
-            timeout=float(loader.timeout or 0),
-            worker_init_fn=loader.worker_init_fn,
-            context=loader.multiprocessing_context,
-            in_order=loader.in_order,
-            pin_memory=loader.pin_memory,
-            threads=bool(getattr(loader, "thread_pool", False)),
-            flavour=loader._flavour,
-            len_called=loader._iterable_len_called,
-            arena=loader._shared_memory() if workers > 0 and not getattr(loader, "thread_pool", False) else None,
-        )
-
-    @property
-    def iterable(self) -> bool:
-        return self.dataset_kind == "iterable"
-
-
-def iter_loader(loader: Any) -> LoaderIterator[Any]:
-    """`iter(loader)`: a new iterator, or the next epoch of the persistent one."""
-    persistent = loader.persistent_workers and loader.num_workers > 0
-    if persistent:
-        current = loader._iterator
-        if current is not None and current._usable():
-            current._start_next_epoch()
-            return current
-    iterator: LoaderIterator[Any] = LoaderIterator(loader)
-    if persistent:
-        loader._iterator = iterator
-    return iterator
-
-
-def _seed_source(loader: Any) -> Any:
-    source = loader.__dict__.get("_seed_source")
-    if source is None:
-        from ._rng import RandomSource
-
-        source = RandomSource(loader.generator, loader._flavour)
-        loader.__dict__["_seed_source"] = source
-    return source
-
-
 class LoaderIterator(Generic[T]):
     """Iterates one loader's batches; with persistent workers, across epochs."""
 
-    def __init__(self, loader: Any) -> None:
-        plan = self._plan = _Plan.of(loader)
+    def __init__(self, plan: LoadPlan) -> None:
+        self._plan = plan
         # The sampler's iterator exists before the workers' base seed is drawn, as in torch,
         # so a shared generator is consumed in the same order.
         first_source = None if plan.iterable else iter(plan.index_sampler)
-        self._base_seed = int(_seed_source(loader).seed64())
+        self._base_seed = int(plan.seed_source.seed64())
         self._broken: BaseException | None = None
         self._yielded = 0
+        self._restarts = 0
+        self._last_killer: dict[int, int] = {}  # worker id -> task it owed when it last died
         self._prefetch_next = plan.persistent and not _has_set_epoch(plan.index_sampler)
-        if plan.pin_memory:
-            if getattr(loader, "pin_memory_device", ""):
-                warnings.warn(
-                    "pin_memory_device is deprecated, the current accelerator will be used as "
-                    f"the device, ignore pin_memory_device='{loader.pin_memory_device}'.",
-                    stacklevel=3,
-                )
-            self._pin = _pin_function(loader)
-        else:
-            self._pin = None
-        if plan.num_workers > 0:
-            from ._loader import warn_if_too_many_workers
-
-            warn_if_too_many_workers(plan.num_workers)
-        self._engine = _make_engine(plan, self._base_seed)
+        self._pin = _pin_function(plan) if plan.pin_memory else None
+        self._engine: Engine = make_engine(plan, self._base_seed)
         self._close = weakref.finalize(self, self._engine.close)
+        self._engine.start()
         iterable_index: dict[str, Any] = {}
         if plan.iterable:
             iterable_index["iterable_index"] = plan.batch_size if plan.auto_collation else None
@@ -152,10 +67,11 @@ class LoaderIterator(Generic[T]):
         self._pump()
 
     # --------------------------------------------------------------- epochs
-    def _usable(self) -> bool:
+    def usable(self) -> bool:
+        """The workers are running and no error has broken this iterator."""
         return self._broken is None and self._close.alive
 
-    def _start_next_epoch(self) -> None:
+    def start_next_epoch(self) -> None:
         """`iter(loader)` again on a persistent loader: start (or adopt) the next epoch."""
         self._yielded = 0
         scheduler = self._scheduler
@@ -224,9 +140,9 @@ class LoaderIterator(Generic[T]):
                 for worker_id, reply in replies:
                     self._scheduler.complete(worker_id, reply)
                 deaths = engine.dead()
-                if deaths:
-                    self._fail(self._death_error(deaths))
-                if replies:
+                for death in deaths:
+                    self._on_death(death)
+                if replies or deaths:
                     return
                 if deadline is not None and time.monotonic() >= deadline:
                     raise RuntimeError(self._timeout_message())
@@ -239,15 +155,64 @@ class LoaderIterator(Generic[T]):
         self._close()
         raise exc
 
-    def _death_error(self, deaths: list[tuple[int, int | None, int | None]]) -> WorkerDiedError:
-        worker_id, pid, exitcode = deaths[0]
-        owed = self._scheduler.outstanding(worker_id)
-        detail = f" while it owed {len(owed)} batch(es)" if owed else ""
+    # ---------------------------------------------------------- worker deaths
+    def _on_death(self, death: Death) -> None:
+        """Replace the dead worker and re-send what it owed, or make its first owed batch
+        raise at its position."""
+        plan = self._plan
+        worker_id = death.worker_id
+        owed = self._scheduler.owed(worker_id)
+        reason = ""
         if self._plan.threads:
-            detail += "; a thread worker ended without being asked (an error inside stoker)"
-        if len(deaths) > 1:
-            detail += f"; workers {[d[0] for d in deaths[1:]]} died too"
-        return WorkerDiedError(worker_id, pid, exitcode, detail)
+            reason = "; a thread worker ended without being asked (an error inside stoker)"
+        elif plan.max_worker_restarts > 0 and self._engine.can_restart:
+            if self._restarts >= plan.max_worker_restarts:
+                reason = f"; max_worker_restarts={plan.max_worker_restarts} restarts were already used"
+            elif plan.iterable:
+                reason = (
+                    "; it was not restarted: a restarted worker cannot resume its IterableDataset "
+                    "replica's stream (max_worker_restarts works for map-style datasets)"
+                )
+            elif owed and self._last_killer.get(worker_id) == owed[0].task_id:
+                self._restarts += 1
+                reason = (
+                    "; this batch's fetch killed two workers in a row, so it is not sent a third "
+                    f"time (death {self._restarts} of max_worker_restarts={plan.max_worker_restarts})"
+                )
+            else:
+                self._restart(death, owed)
+                return
+        self._scheduler.lose_worker(worker_id, lambda task: self._death_reply(death, task, reason))
+
+    def _restart(self, death: Death, owed: list[Owed]) -> None:
+        self._restarts += 1
+        worker_id = death.worker_id
+        new_pid = self._engine.restart(worker_id)
+        if owed:
+            self._last_killer[worker_id] = owed[0].task_id
+        for task in owed:
+            self._engine.send(worker_id, Task(task.task_id, task.index))
+        if owed:
+            first = owed[0]
+            resent = (
+                f"re-sent {len(owed)} batch(es) from batch {first.batch} of epoch {first.epoch} "
+                f"({describe_index(first.index, False).removeprefix('while fetching ')})"
+            )
+        else:
+            resent = "it owed no batch"
+        warnings.warn(
+            f"{_died(death)}; restarted it as pid {new_pid} "
+            f"(restart {self._restarts} of max_worker_restarts={self._plan.max_worker_restarts}) "
+            f"and {resent}",
+            WorkerRestartWarning,
+            stacklevel=4,
+        )
+
+    def _death_reply(self, death: Death, task: Owed, reason: str) -> Failed:
+        iterable = self._plan.iterable
+        detail = f" {describe_index(task.index, iterable)} (batch {task.batch} of epoch {task.epoch}){reason}"
+        error = WorkerDiedError(death.worker_id, death.pid, death.exitcode, detail, batch=task.batch, index=task.index)
+        return Failed(task.task_id, ExceptionInfo.unchanged(error))
 
     def _timeout_message(self) -> str:
         message = f"DataLoader timed out after {self._plan.timeout:g} seconds"
@@ -256,17 +221,20 @@ class LoaderIterator(Generic[T]):
             message += f" waiting for batch {waiting.batch} of epoch {waiting.epoch}"
             if waiting.worker_id is not None:
                 message += f" from worker {waiting.worker_id}"
-                pids = getattr(self._engine, "pids", None)
-                if pids:
-                    message += f" (pid {pids[waiting.worker_id]})"
+                pid = self._engine.pid(waiting.worker_id)
+                if pid is not None:
+                    message += f" (pid {pid})"
             if waiting.index is not None or self._plan.iterable:
                 message += f", {describe_index(waiting.index, self._plan.iterable)}"
         return message
 
+    # ---------------------------------------------------------------- batches
     def _hand_out(self, index: Any, reply: Any) -> T:
         if isinstance(reply, Failed):
-            error = reply.error
-            raise error if isinstance(error, BaseException) else error.rebuild()
+            error = reply.error.rebuild()
+            if isinstance(error, WorkerDiedError):
+                self._fail(error)
+            raise error
         assert isinstance(reply, Done)
         self._yielded += 1
         self._warn_if_longer_than_reported()
@@ -308,37 +276,23 @@ class LoaderIterator(Generic[T]):
         self._close()
 
 
+def _died(death: Death) -> str:
+    return str(WorkerDiedError(death.worker_id, death.pid, death.exitcode))
+
+
 def _has_set_epoch(index_sampler: Any) -> bool:
     inner = getattr(index_sampler, "sampler", None)
     return hasattr(index_sampler, "set_epoch") or hasattr(inner, "set_epoch")
 
 
-def _make_engine(plan: _Plan, base_seed: int) -> Any:
-    def config(worker_id: int, num_workers: int, thread: bool) -> WorkerConfig:
-        return WorkerConfig(
-            worker_id=worker_id,
-            num_workers=num_workers,
-            base_seed=base_seed,
-            dataset=plan.dataset,
-            dataset_kind=plan.dataset_kind,
-            auto_collation=plan.auto_collation,
-            collate_fn=plan.collate_fn,
-            drop_last=plan.drop_last,
-            worker_init_fn=plan.worker_init_fn,
-            thread=thread,
-        )
-
-    n = plan.num_workers
-    if n == 0:
-        return SerialEngine(config(0, 1, thread=True))
-    if plan.threads:
-        return ThreadEngine([config(i, n, thread=True) for i in range(n)])
-    context = plan.context if plan.context is not None else multiprocessing.get_context()
-    return ProcessEngine([config(i, n, thread=False) for i in range(n)], context, plan.arena)
-
-
-def _pin_function(loader: Any) -> Any:
+def _pin_function(plan: LoadPlan) -> Any:
     """A function that pins a batch's tensors, or None (with torch's warning) when it cannot."""
+    if plan.pin_memory_device:
+        warnings.warn(
+            "pin_memory_device is deprecated, the current accelerator will be used as "
+            f"the device, ignore pin_memory_device='{plan.pin_memory_device}'.",
+            stacklevel=4,
+        )
     try:
         import torch
     except ImportError:
@@ -372,4 +326,3 @@ def _pin_batch(batch: Any) -> Any:
     if isinstance(batch, (list, tuple)):
         return type(batch)(_pin_batch(v) for v in batch)
     return batch
-

@@ -1,8 +1,8 @@
 """`DataLoader`: torch's arguments, checked with torch's exception types and wording, plus
 MXNet Gluon's `last_batch`, `batchify_fn` and `thread_pool`.
 
-The loader itself holds configuration only; `iter(loader)` hands the work to
-`_iterator.iter_loader`, which picks the engine.
+The loader itself holds configuration only; `iter(loader)` hands a `LoadPlan` (one frozen
+value) to a new `LoaderIterator`, or starts the next epoch of its persistent one.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ from typing import Any, Generic, TypeVar
 from . import _collate
 from ._arena import Arena, arena_limit
 from ._datasets import Dataset, is_iterable_dataset
-from ._iterator import LoaderIterator, iter_loader
-from ._rng import GeneratorLike, check_generator
+from ._iterator import LoaderIterator
+from ._plan import LoadPlan
+from ._rng import GeneratorLike, RandomSource, check_generator
 from ._samplers import (
     LAST_BATCH_CHOICES,
     BatchSampler,
@@ -44,7 +45,7 @@ def usable_cpus() -> int | None:
     return os.cpu_count()
 
 
-def warn_if_too_many_workers(num_workers: int) -> None:
+def warn_if_too_many_workers(num_workers: int, stacklevel: int = 2) -> None:
     """torch's warning when more workers than usable CPUs are asked for."""
     if not num_workers:
         return
@@ -63,7 +64,7 @@ def warn_if_too_many_workers(num_workers: int) -> None:
         f"This DataLoader will create {num_workers} worker processes in total. {detail} "
         "Please be aware that excessive worker creation might get DataLoader running slow or "
         "even freeze, lower the worker number to avoid potential slowness/freeze if necessary.",
-        stacklevel=4,
+        stacklevel=stacklevel + 1,
     )
 
 
@@ -93,6 +94,11 @@ class DataLoader(Generic[T_co]):
     - `batchify_fn`: another name for `collate_fn`; give at most one of them.
     - `thread_pool`: with `num_workers > 0`, workers are threads of this process instead of
       processes (batches are passed by reference).
+
+    stoker's own: `max_worker_restarts` (default 0): how many times one iterator replaces a
+    worker process that died (killed by the OOM killer, a segfault, `os._exit`) and re-sends
+    the batches it owed, so that the epoch completes with every sample once, in order. It
+    has no effect on thread workers and `num_workers=0` (a thread does not die alone).
 
     Batches keep numpy as numpy and tensors as tensors (`stoker.default_collate`); the
     `stoker.torch` flavour turns them into tensors exactly as torch does.
@@ -137,8 +143,15 @@ class DataLoader(Generic[T_co]):
         last_batch: str | None = None,
         batchify_fn: Callable[[list[Any]], Any] | None = None,
         thread_pool: bool = False,
+        max_worker_restarts: int = 0,
     ) -> None:
         _check_int(num_workers, "num_workers")
+        _check_int(max_worker_restarts, "max_worker_restarts")
+        if max_worker_restarts < 0:
+            raise ValueError(
+                "max_worker_restarts should be a non-negative int (0: a worker's death raises), "
+                f"but got max_worker_restarts={max_worker_restarts}"
+            )
         if num_workers < 0:
             raise ValueError(
                 "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing."
@@ -189,6 +202,7 @@ class DataLoader(Generic[T_co]):
         self.multiprocessing_context = multiprocessing_context
         self.in_order = in_order
         self.thread_pool = thread_pool
+        self.max_worker_restarts = max_worker_restarts
 
         if is_iterable_dataset(dataset):
             self._dataset_kind = "iterable"
@@ -268,8 +282,9 @@ class DataLoader(Generic[T_co]):
         self._iterable_len_called: int | None = None
         self._iterator = None
         self._arena: Arena | None = None
+        self._seed_source: RandomSource | None = None
         self.__initialized = True
-        warn_if_too_many_workers(num_workers)
+        warn_if_too_many_workers(num_workers, stacklevel=3)
 
     # ------------------------------------------------------------- flavour
     @staticmethod
@@ -327,11 +342,51 @@ class DataLoader(Generic[T_co]):
             self._arena = Arena(arena_limit())
         return self._arena
 
+    def _plan(self) -> LoadPlan:
+        """What a new iterator needs, read now."""
+        workers = self.num_workers
+        processes = workers > 0 and not self.thread_pool
+        if self._seed_source is None or self._seed_source.generator is not self.generator:
+            self._seed_source = RandomSource(self.generator, self._flavour)
+        prefetch = self.prefetch_factor if workers > 0 and self.prefetch_factor is not None else 1
+        return LoadPlan(
+            dataset=self.dataset,
+            dataset_kind=self._dataset_kind,
+            auto_collation=self._auto_collation,
+            index_sampler=self._index_sampler,
+            collate_fn=self.collate_fn,
+            drop_last=self.drop_last,
+            batch_size=self.batch_size,
+            num_workers=workers,
+            window=max(1, prefetch * max(workers, 1)),
+            persistent=bool(self.persistent_workers) and workers > 0,
+            timeout=float(self.timeout or 0),
+            worker_init_fn=self.worker_init_fn,
+            context=self.multiprocessing_context,
+            in_order=self.in_order,
+            pin_memory=self.pin_memory,
+            pin_memory_device=self.pin_memory_device,
+            threads=bool(self.thread_pool),
+            flavour=self._flavour,
+            len_called=self._iterable_len_called,
+            arena=self._shared_memory() if processes else None,
+            seed_source=self._seed_source,
+            max_worker_restarts=self.max_worker_restarts,
+        )
+
     # -------------------------------------------------------------- iteration
     def __iter__(self) -> LoaderIterator[Any]:
         """An iterator over one epoch's batches (with persistent workers, the next epoch of
         the loader's one iterator)."""
-        return iter_loader(self)
+        persistent = self.persistent_workers and self.num_workers > 0
+        if persistent and self._iterator is not None and self._iterator.usable():
+            self._iterator.start_next_epoch()
+            return self._iterator
+        warn_if_too_many_workers(self.num_workers, stacklevel=3)
+        iterator: LoaderIterator[Any] = LoaderIterator(self._plan())
+        if persistent:
+            self._iterator = iterator
+        return iterator
 
     def __len__(self) -> int:
         """The number of batches in an epoch; for an IterableDataset, an estimate from
@@ -345,4 +400,4 @@ class DataLoader(Generic[T_co]):
 
     def check_worker_number_rationality(self) -> None:
         """Warn (as torch does) when num_workers exceeds the CPUs this process may use."""
-        warn_if_too_many_workers(self.num_workers)
+        warn_if_too_many_workers(self.num_workers, stacklevel=3)

@@ -30,6 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Union
 
+from ._errors import ExceptionInfo
+
 
 class Compact:
     """Pickles a frozen dataclass as its class and field values: several times faster to
@@ -70,10 +72,10 @@ class Done(Compact):
 
 @dataclass(frozen=True)
 class Failed:
-    """The task raised; `error` is a `stoker._errors.ExceptionInfo`."""
+    """The task raised, or its worker died (the main process makes that reply itself)."""
 
     task_id: int
-    error: Any
+    error: ExceptionInfo
 
 
 @dataclass(frozen=True)

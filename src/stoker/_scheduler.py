@@ -15,13 +15,24 @@ next epoch's first tasks (next-epoch prefetch) share the window with the current
 Map-style epochs read their task indices from the batch sampler's iterator; the epoch's
 last task id is known when that iterator ends. Iterable epochs send every active worker
 tasks round-robin until each has answered `Exhausted`; its last id is known when the last
-worker is. Workers are chosen round-robin over the active ones (in order: deterministic,
-as torch) or least-loaded first (`in_order=False`: a slow sample does not hold up others).
+worker is.
+
+Worker choice, in order: batch b of every epoch goes to worker b mod num_workers (as
+torch; per-worker RNG streams make the assignment visible in augmentations), also for a
+persistent loader's prefetched next epoch; iterable epochs go round-robin over the active
+replicas, restarted at worker 0 each epoch. `in_order=False`: least-loaded first, so a
+slow sample does not hold up the others.
+
+A worker that is lost (`lose_worker`: it died and is not replaced) answers every task it
+owed, and every task it would have been given, with the failure the caller supplies; from
+the first such failure on, nothing more is dispatched. In order, the failure is delivered
+at its task's position, after every earlier batch; with `in_order=False`, after every
+batch still in flight.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,12 +51,23 @@ class _Epoch:
     active: set[int] = field(default_factory=set)  # iterable: workers still producing
     unresolved: set[int] = field(default_factory=set)
     ready: dict[int, Reply] = field(default_factory=dict)
+    deferred: dict[int, Reply] = field(default_factory=dict)  # in_order=False: lost workers' failures
     next_id: int = 0  # in order: the next task id to deliver or skip
     delivered: int = 0
     discarded: bool = False
 
     def finished(self) -> bool:
-        return self.end_id is not None and not self.unresolved and not self.ready
+        return self.end_id is not None and not self.unresolved and not self.ready and not self.deferred
+
+
+@dataclass(frozen=True)
+class Owed:
+    """A task a worker was sent and has not answered."""
+
+    task_id: int
+    index: Any
+    epoch: int
+    batch: int  # its position in the epoch
 
 
 @dataclass(frozen=True)
@@ -85,6 +107,8 @@ class Scheduler:
         self._rr = 0
         self._in_flight = 0
         self._epoch_count = 0
+        self._lost: dict[int, Callable[[Owed], Reply]] = {}
+        self._halted = False  # a lost worker's failure is queued: dispatch nothing more
 
     # ------------------------------------------------------------------ epochs
     def begin_epoch(self, source: Iterator[Any] | None = None, reset_workers: bool = False) -> int:
@@ -97,6 +121,7 @@ class Scheduler:
         epoch.next_id = epoch.first_id
         if self.iterable:
             epoch.active = set(range(self.num_workers))
+            self._rr = 0
         self._epoch_count += 1
         self._epochs.append(epoch)
         return epoch.number
@@ -131,14 +156,15 @@ class Scheduler:
         if epoch.end_id is None:
             epoch.end_id = self._next_task_id
             epoch.source = None
-        self._in_flight -= len(epoch.ready) + len(epoch.unresolved)
+        self._in_flight -= len(epoch.ready) + len(epoch.unresolved) + len(epoch.deferred)
         epoch.ready.clear()
+        epoch.deferred.clear()
 
     # ---------------------------------------------------------------- dispatch
     def dispatch(self) -> list[tuple[int, Request]]:
         """Tasks (and resets) to send now, as (worker_id, message)."""
         out: list[tuple[int, Request]] = []
-        if not self._epochs:
+        if not self._epochs or self._halted:
             return out
         epoch = self._epochs[-1]
         if epoch.end_id is not None:
@@ -167,6 +193,9 @@ class Scheduler:
             self._load[worker] += 1
             self._in_flight += 1
             epoch.unresolved.add(task_id)
+            if worker in self._lost:
+                self._fail_task(task_id, self._lost[worker])
+                break
             out.append((worker, Task(task_id, index)))
         return out
 
@@ -175,6 +204,8 @@ class Scheduler:
         if candidates is not None and not candidates:
             return None
         n = self.num_workers
+        if self.in_order and not self.iterable:
+            return (self._next_task_id - epoch.first_id) % n
         if self.in_order:
             for step in range(n):
                 worker = (self._rr + step) % n
@@ -220,22 +251,55 @@ class Scheduler:
         if not self._epochs:
             return None
         epoch = self._epochs[0]
-        while epoch.ready:
+        while True:
             if self.in_order:
                 reply = epoch.ready.pop(epoch.next_id, None)
                 if reply is None:
                     return None
                 epoch.next_id += 1
+            elif epoch.ready:
+                reply = epoch.ready.pop(min(epoch.ready))
+            elif epoch.deferred and not epoch.unresolved:
+                reply = epoch.deferred.pop(min(epoch.deferred))
             else:
-                task_id = min(epoch.ready)
-                reply = epoch.ready.pop(task_id)
+                return None
             self._in_flight -= 1
             index = self._index.pop(reply.task_id, None)
             if isinstance(reply, Exhausted):
                 continue
             epoch.delivered += 1
             return index, reply
-        return None
+
+    # ------------------------------------------------------------ lost workers
+    def owed(self, worker_id: int) -> list[Owed]:
+        """What a worker was sent and has not answered, oldest first."""
+        return [
+            Owed(task_id, self._index.get(task_id), self._epoch_of[task_id].number, self._batch_of(task_id))
+            for task_id in self.outstanding(worker_id)
+        ]
+
+    def lose_worker(self, worker_id: int, failure: Callable[[Owed], Reply]) -> None:
+        """The worker is gone for good: each task it owes, and each it would be given,
+        is answered with `failure(owed)`."""
+        self._lost[worker_id] = failure
+        for task_id in self.outstanding(worker_id):
+            self._fail_task(task_id, failure)
+
+    def _fail_task(self, task_id: int, failure: Callable[[Owed], Reply]) -> None:
+        epoch = self._epoch_of.pop(task_id)
+        owed = Owed(task_id, self._index.get(task_id), epoch.number, self._batch_of(task_id, epoch))
+        owner = self._owner.pop(task_id)
+        self._load[owner] -= 1
+        epoch.unresolved.discard(task_id)
+        if epoch.discarded:
+            self._index.pop(task_id, None)
+            return
+        self._halted = True
+        (epoch.ready if self.in_order else epoch.deferred)[task_id] = failure(owed)
+
+    def _batch_of(self, task_id: int, epoch: _Epoch | None = None) -> int:
+        epoch = epoch if epoch is not None else self._epoch_of[task_id]
+        return task_id - epoch.first_id
 
     # ------------------------------------------------------------- inspection
     def outstanding(self, worker_id: int) -> list[int]:

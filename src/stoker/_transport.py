@@ -1,4 +1,10 @@
-"""How a worker's reply crosses to the main process.
+"""How a request reaches a worker process and its reply comes back: the `Transport` seam.
+
+A transport has a main side (`Transport`, one per process engine) and a worker side
+(`WorkerTransport`, sent to each worker). Two exist: the shared-memory arena
+(`_arena.ArenaLink` / `SlotWriter`, the default: it owns which slots each worker maps and
+which slot each task in flight was given) and `PickleTransport` below
+(`STOKER_TRANSPORT=pickle`).
 
 `PickleTransport` sends one reply as a few frames on the worker's result pipe:
 
@@ -13,12 +19,16 @@ truncated message; the reader sees EOF, and the engine reports the death.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import pickle
 import struct
 import sys
+from contextlib import AbstractContextManager
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
+
+from ._protocol import Reply, Request, Task
 
 _COUNT = struct.Struct("<Q")
 
@@ -60,6 +70,38 @@ class _Pickler(pickle.Pickler):
         return _rebuild_tensor, (array,)
 
 
+class WorkerTransport(Protocol):
+    """The worker's side of a transport."""
+
+    def around_fetch(self, task: Task) -> AbstractContextManager[Any]:
+        """Wraps each fetch (the arena points collation into the task's slot)."""
+        ...
+
+    def recv_request(self, conn: Connection) -> Request: ...
+
+    def send_reply(self, conn: Connection, reply: Reply) -> None: ...
+
+
+class Transport(Protocol):
+    """The main process's side of a transport, for one engine's workers."""
+
+    def worker_side(self) -> WorkerTransport:
+        """What each worker process is given (picklable)."""
+        ...
+
+    def send_request(self, worker_id: int, conn: Connection, message: Request) -> None: ...
+
+    def recv_reply(self, worker_id: int, conn: Connection) -> Reply: ...
+
+    def forget_worker(self, worker_id: int) -> None:
+        """The worker died: release what its unanswered tasks held."""
+        ...
+
+    def close(self) -> None:
+        """Every worker is gone: release what unanswered tasks held."""
+        ...
+
+
 class PickleTransport:
     """Replies as pickle protocol 5 with out-of-band array buffers.
 
@@ -67,7 +109,8 @@ class PickleTransport:
     `recv_reply`, the worker `recv_request` and `send_reply`.
     """
 
-    around_fetch = None  # batches are collated in ordinary memory
+    def around_fetch(self, task: Task) -> AbstractContextManager[Any]:
+        return contextlib.nullcontext()  # batches are collated in ordinary memory
 
     def worker_side(self) -> PickleTransport:
         return self
@@ -81,6 +124,9 @@ class PickleTransport:
         (count,) = _COUNT.unpack_from(header)
         sizes = [_COUNT.unpack_from(header, 8 * (i + 1))[0] for i in range(count)]
         return recv_out_of_band(conn, sizes)
+
+    def forget_worker(self, worker_id: int) -> None:
+        """Nothing is held between replies."""
 
     def close(self) -> None:
         """Nothing is held between replies."""
