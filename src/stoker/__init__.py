@@ -18,7 +18,7 @@ from ._datasets import (
     random_split,
 )
 from ._distributed import DistributedSampler
-from ._errors import WorkerDiedError, WorkerError
+from ._errors import WorkerDiedError, WorkerError, WorkerRestartWarning
 from ._loader import DataLoader
 from ._samplers import (
     BatchSampler,
@@ -50,6 +50,7 @@ __all__ = [
     "TensorDataset",
     "WeightedRandomSampler",
     "WorkerDiedError",
+    "WorkerRestartWarning",
     "WorkerError",
     "WorkerInfo",
     "collate",

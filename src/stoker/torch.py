@@ -31,7 +31,7 @@ from ._datasets import (
     Subset,
     TensorDataset,
 )
-from ._errors import WorkerDiedError, WorkerError
+from ._errors import WorkerDiedError, WorkerError, WorkerRestartWarning
 from ._rng import GeneratorLike
 from ._samplers import BatchSampler, Sampler, SequentialSampler
 from ._torch_collate import collate as _collate
@@ -108,6 +108,7 @@ __all__ = [
     "TensorDataset",
     "WeightedRandomSampler",
     "WorkerDiedError",
+    "WorkerRestartWarning",
     "WorkerError",
     "WorkerInfo",
     "collate",

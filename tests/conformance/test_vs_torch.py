@@ -244,19 +244,6 @@ def test_subset_subclass_overriding_getitem_only_is_refused_as_torch_refuses(ove
 
 
 # ------------------------------------------- which worker makes which batch
-NEXT_EPOCH_PREFETCH = (
-    "stoker: batch b must go to worker b mod num_workers in every epoch (next-epoch prefetch "
-    "breaks it) — issue 9 item 8(a)"
-)
-XFAIL_NEXT_EPOCH_PREFETCH = pytest.mark.xfail(strict=True, reason=NEXT_EPOCH_PREFETCH)
-# Iterable epochs with persistent workers fail only on some runs: where the next epoch's first
-# batch goes depends on when the workers' end-of-stream replies arrive. Not strict, so that a
-# lucky run does not fail the suite.
-XFAIL_NEXT_EPOCH_PREFETCH_SOMETIMES = pytest.mark.xfail(
-    strict=False, reason=NEXT_EPOCH_PREFETCH + " (fails on some runs, depending on timing)"
-)
-
-
 def _worker_id() -> int:
     info = tud.get_worker_info() or st.get_worker_info()  # whichever loader runs us
     assert info is not None, "this dataset is meant to be read by worker processes"
@@ -294,9 +281,7 @@ class WorkerIdMap(tud.Dataset):
         return self.n
 
 
-@pytest.mark.parametrize(
-    "persistent_workers", [False, pytest.param(True, marks=XFAIL_NEXT_EPOCH_PREFETCH_SOMETIMES)]
-)
+@pytest.mark.parametrize("persistent_workers", [False, True])
 def test_multi_epochs_reproducibility(persistent_workers: bool) -> None:
     """torch's test of the same name (also run there with persistent workers): with an
     iterable dataset, batch b of every epoch comes from worker b % num_workers."""
@@ -313,24 +298,13 @@ def test_multi_epochs_reproducibility(persistent_workers: bool) -> None:
             assert sample.tolist() == [batch_idx % num_workers] * batch_size
 
 
-# (kind, num_workers, batches, persistent_workers): failing today at both prefetch factors
-ROUND_ROBIN_FAILING = {("map", 3, 7, True), ("map", 4, 6, True)}
-ROUND_ROBIN_FAILING_SOMETIMES = {("iterable", 2, 5, True), ("iterable", 3, 7, True), ("iterable", 4, 6, True)}
-
-
 def _round_robin_params() -> list[Any]:
     params = []
     for kind in ("iterable", "map"):
         for num_workers, batches in [(2, 5), (3, 7), (4, 6)]:
             for persistent_workers in (False, True):
                 for prefetch_factor in (2, 4):
-                    key = (kind, num_workers, batches, persistent_workers)
-                    marks = []
-                    if key in ROUND_ROBIN_FAILING:
-                        marks.append(XFAIL_NEXT_EPOCH_PREFETCH)
-                    if key in ROUND_ROBIN_FAILING_SOMETIMES:
-                        marks.append(XFAIL_NEXT_EPOCH_PREFETCH_SOMETIMES)
-                    params.append(pytest.param(*key, prefetch_factor, marks=marks))
+                    params.append(pytest.param(kind, num_workers, batches, persistent_workers, prefetch_factor))
     return params
 
 
