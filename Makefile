@@ -18,6 +18,7 @@ setup: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check src tests $(wildcard benchmarks)
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 bench: $(STAMP)

@@ -306,9 +306,10 @@ class SlotWriter:
         message = pickle.loads(conn.recv_bytes())
         if isinstance(message, Task) and isinstance(message.slot, SlotOrder) and message.slot.attach:
             order = message.slot
+            assert order.use is not None, "a slot to attach is a slot to use"
             (fd,) = _recv_fds(conn, 1)
             try:
-                self.slots[order.use] = _Slot(order.use, map_fd(fd, order.size, populate=True), order.size)  # type: ignore[index]
+                self.slots[order.use] = _Slot(order.use, map_fd(fd, order.size, populate=True), order.size)
             finally:
                 os.close(fd)
         return message
@@ -414,17 +415,17 @@ class SlotWriter:
             fds.append(made[1])
         staged = [np.array(a, copy=True) if target is slot else a for a, _ in leaves]
         target.used = 0
-        table = []
+        placed: list[Leaf] = []
         for (array, torch), source in zip(leaves, staged):
             offset = target.take(array.nbytes)
             assert offset is not None
             np.copyto(target.view(offset, array.dtype, array.shape), source, casting="no")
-            table.append(Leaf(target.slot_id, offset, array.dtype.str, array.shape, array.nbytes, torch))
+            placed.append(Leaf(target.slot_id, offset, array.dtype.str, array.shape, array.nbytes, torch))
         retired: tuple[int, ...] = ()
         if given is not None and target is not given:
             self._retire(given)
             retired = (given.slot_id,)
-        return tuple(table), tuple(new), retired, fds
+        return tuple(placed), tuple(new), retired, fds
 
     def _make(self, slot_id: int, nbytes: int, budget: int | None) -> tuple[_Slot, int] | None:
         size = _page_rounded(_aligned(max(MIN_SLOT_BYTES, nbytes)))
@@ -554,10 +555,10 @@ class Arena:
             with self._lock:
                 for slot_id in header.retired:
                     pool.maps.pop(slot_id, None)
-                    pool.sizes.pop(slot_id, None)
-                    fd = pool.fds.pop(slot_id, None)
-                    if fd is not None:
-                        os.close(fd)
+                    pool.sizes.pop(slot_id, 0)
+                    retired_fd = pool.fds.pop(slot_id, None)
+                    if retired_fd is not None:
+                        os.close(retired_fd)
         if header.leaves:
             pool.last_need = max(leaf.offset + leaf.nbytes for leaf in header.leaves)
         owners = {slot_id: self._lease(pool, slot_id) for slot_id in {leaf.slot_id for leaf in header.leaves}}

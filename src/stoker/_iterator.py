@@ -31,6 +31,7 @@ from typing import Any, Generic, TypeVar
 
 from ._engines import Death, Engine, make_engine
 from ._errors import ExceptionInfo, WorkerDiedError, WorkerRestartWarning, describe_index
+from ._pin import PinThread, device_setup, pin_function
 from ._plan import LoadPlan
 from ._protocol import Done, Failed, Task
 from ._scheduler import Owed, Scheduler
@@ -54,9 +55,12 @@ class LoaderIterator(Generic[T]):
         self._restarts = 0
         self._last_killer: dict[int, int] = {}  # worker id -> task it owed when it last died
         self._prefetch_next = plan.persistent and not _has_set_epoch(plan.index_sampler)
-        self._pin = _pin_function(plan) if plan.pin_memory else None
+        pin = pin_function(plan.pin_memory_device, stacklevel=4) if plan.pin_memory else None
+        # torch pins inline with num_workers=0 and on a pin thread with workers; so do we
+        self._pin_inline = pin if plan.num_workers == 0 else None
+        self._pinner = PinThread(pin, init=device_setup()) if pin is not None and plan.num_workers > 0 else None
         self._engine: Engine = make_engine(plan, self._base_seed)
-        self._close = weakref.finalize(self, self._engine.close)
+        self._close = weakref.finalize(self, _shut_down, self._engine, self._pinner)
         self._engine.start()
         iterable_index: dict[str, Any] = {}
         if plan.iterable:
@@ -76,7 +80,10 @@ class LoaderIterator(Generic[T]):
         self._yielded = 0
         scheduler = self._scheduler
         if scheduler.current_epoch is not None and self._started_current:
-            scheduler.abandon_epoch()  # dropped half-way: its results are discarded
+            dropped = scheduler.abandon_epoch()  # dropped half-way: its results are discarded
+            if self._pinner is not None:
+                for task_id in dropped:
+                    self._pinner.discard(task_id)
         if scheduler.current_epoch is None:
             self._begin_epoch()
         self._started_current = True
@@ -138,7 +145,9 @@ class LoaderIterator(Generic[T]):
                 wait = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, deadline - time.monotonic())
                 replies = engine.poll(max(wait, 0.0))
                 for worker_id, reply in replies:
-                    self._scheduler.complete(worker_id, reply)
+                    kept = self._scheduler.complete(worker_id, reply)
+                    if kept and self._pinner is not None and isinstance(reply, Done):
+                        self._pinner.submit(reply.task_id, reply.payload)  # pinned while we wait
                 deaths = engine.dead()
                 for death in deaths:
                     self._on_death(death)
@@ -238,10 +247,11 @@ class LoaderIterator(Generic[T]):
         assert isinstance(reply, Done)
         self._yielded += 1
         self._warn_if_longer_than_reported()
-        batch = reply.payload
-        if self._pin is not None:
-            batch = self._pin(batch)
-        return batch
+        if self._pinner is not None:
+            return self._pinner.take(reply.task_id)
+        if self._pin_inline is not None:
+            return self._pin_inline(reply.payload)
+        return reply.payload
 
     def _warn_if_longer_than_reported(self) -> None:
         plan = self._plan
@@ -276,6 +286,15 @@ class LoaderIterator(Generic[T]):
         self._close()
 
 
+def _shut_down(engine: Engine, pinner: PinThread | None) -> None:
+    """The one shutdown procedure: workers, then the pin thread."""
+    try:
+        engine.close()
+    finally:
+        if pinner is not None:
+            pinner.close()
+
+
 def _died(death: Death) -> str:
     return str(WorkerDiedError(death.worker_id, death.pid, death.exitcode))
 
@@ -283,46 +302,3 @@ def _died(death: Death) -> str:
 def _has_set_epoch(index_sampler: Any) -> bool:
     inner = getattr(index_sampler, "sampler", None)
     return hasattr(index_sampler, "set_epoch") or hasattr(inner, "set_epoch")
-
-
-def _pin_function(plan: LoadPlan) -> Any:
-    """A function that pins a batch's tensors, or None (with torch's warning) when it cannot."""
-    if plan.pin_memory_device:
-        warnings.warn(
-            "pin_memory_device is deprecated, the current accelerator will be used as "
-            f"the device, ignore pin_memory_device='{plan.pin_memory_device}'.",
-            stacklevel=4,
-        )
-    try:
-        import torch
-    except ImportError:
-        warnings.warn(
-            "'pin_memory' argument is set as true but torch is not installed, "
-            "then device pinned memory won't be used.",
-            stacklevel=4,
-        )
-        return None
-    accelerator = getattr(torch, "accelerator", None)
-    available = accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
-    if not available:
-        warnings.warn(
-            "'pin_memory' argument is set as true but no accelerator is found, "
-            "then device pinned memory won't be used.",
-            stacklevel=4,
-        )
-        return None
-    return _pin_batch
-
-
-def _pin_batch(batch: Any) -> Any:
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch.pin_memory()
-    if isinstance(batch, dict):
-        return type(batch)({k: _pin_batch(v) for k, v in batch.items()})
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(_pin_batch(v) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_pin_batch(v) for v in batch)
-    return batch

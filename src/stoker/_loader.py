@@ -266,7 +266,9 @@ class DataLoader(Generic[T_co]):
                 sampler = SequentialSampler(dataset)  # type: ignore[arg-type]
 
         if batch_size is not None and batch_sampler is None:
-            batch_sampler = BatchSampler(sampler, batch_size, drop_last, last_batch=last_batch)
+            # a map-style dataset's sampler yields ints; an iterable's (InfiniteConstantSampler)
+            # yields None, which the iterable fetcher ignores
+            batch_sampler = BatchSampler(sampler, batch_size, drop_last, last_batch=last_batch)  # type: ignore[arg-type]
 
         self.batch_size = batch_size
         self.drop_last = drop_last

@@ -28,9 +28,12 @@ iterable replica (`None` for one un-collated sample).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from ._errors import ExceptionInfo
+
+if TYPE_CHECKING:
+    from ._arena import SlotOrder
 
 
 class Compact:
@@ -49,7 +52,7 @@ class Task(Compact):
 
     task_id: int
     index: Any
-    slot: int | None = None  # process workers: the shared-memory slot to collate into
+    slot: SlotOrder | None = None  # process workers: the shared-memory slot to collate into
 
 
 @dataclass(frozen=True)

@@ -147,11 +147,13 @@ class Scheduler:
             raise RuntimeError("the current epoch is not finished")
         self._epochs.pop(0)
 
-    def abandon_epoch(self) -> None:
-        """Drop the delivering epoch half-way: nothing more is dispatched or delivered for it."""
+    def abandon_epoch(self) -> list[int]:
+        """Drop the delivering epoch half-way: nothing more is dispatched or delivered for it.
+        Returns the task ids of the replies that had arrived and are now dropped."""
         if not self._epochs:
-            return
+            return []
         epoch = self._epochs.pop(0)
+        dropped = sorted(epoch.ready)
         epoch.discarded = True
         if epoch.end_id is None:
             epoch.end_id = self._next_task_id
@@ -159,6 +161,7 @@ class Scheduler:
         self._in_flight -= len(epoch.ready) + len(epoch.unresolved) + len(epoch.deferred)
         epoch.ready.clear()
         epoch.deferred.clear()
+        return dropped
 
     # ---------------------------------------------------------------- dispatch
     def dispatch(self) -> list[tuple[int, Request]]:
@@ -217,8 +220,9 @@ class Scheduler:
         return min(pool, key=lambda w: (self._load[w], (w - self._rr) % n))
 
     # ----------------------------------------------------------------- replies
-    def complete(self, worker_id: int, reply: Reply) -> None:
-        """Record a worker's reply to one of its tasks."""
+    def complete(self, worker_id: int, reply: Reply) -> bool:
+        """Record a worker's reply to one of its tasks; False when it is dropped (its epoch
+        was abandoned, or it carries no batch)."""
         task_id = reply.task_id
         epoch = self._epoch_of.pop(task_id, None)
         if epoch is None:
@@ -235,15 +239,16 @@ class Scheduler:
                     epoch.end_id = self._next_task_id
             if not epoch.discarded and self.in_order:
                 epoch.ready[task_id] = reply  # a gap that in-order delivery steps over
-                return
+                return False
             if not epoch.discarded:
                 self._in_flight -= 1
             self._index.pop(task_id, None)
-            return
+            return False
         if epoch.discarded:  # its share of the window was released when it was abandoned
             self._index.pop(task_id, None)
-            return
+            return False
         epoch.ready[task_id] = reply
+        return True
 
     # ---------------------------------------------------------------- delivery
     def deliver(self) -> tuple[Any, Reply] | None:
