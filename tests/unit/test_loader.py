@@ -73,11 +73,23 @@ class Count(IterableDataset[int]):
         ({"last_batch": "keep", "batch_size": None}, ValueError, "last_batch applies"),
         ({"thread_pool": 1}, TypeError, "thread_pool should be True or False"),
         ({"in_order": "yes"}, TypeError, "in_order should be True or False"),
+        ({"num_workers": 1, "max_worker_restarts": -1}, ValueError, "max_worker_restarts should be a non-negative int"),
+        ({"num_workers": 1, "max_worker_restarts": 1.0}, TypeError, "max_worker_restarts should be an int"),
+        ({"num_workers": 1, "max_worker_restarts": True}, TypeError, "max_worker_restarts should be an int"),
+        ({"num_workers": 1, "max_worker_restarts": "3"}, TypeError, "max_worker_restarts should be an int"),
     ],
 )
 def test_bad_arguments_are_named(kwargs: dict, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         DataLoader(Squares(), **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{"num_workers": 0}, {"num_workers": 2, "thread_pool": True}])
+def test_max_worker_restarts_is_accepted_and_inert_without_worker_processes(kwargs: dict) -> None:
+    """Threads and the caller's thread do not die alone: the argument has no effect there."""
+    loader = DataLoader(Squares(), batch_size=4, max_worker_restarts=3, **kwargs)
+    assert loader.max_worker_restarts == 3
+    assert [b.tolist() for b in loader] == [b.tolist() for b in DataLoader(Squares(), batch_size=4)]
 
 
 def test_iterable_dataset_refuses_samplers_and_shuffle() -> None:
