@@ -89,7 +89,7 @@ def test_max_worker_restarts_is_accepted_and_inert_without_worker_processes(kwar
     """Threads and the caller's thread do not die alone: the argument has no effect there."""
     loader = DataLoader(Squares(), batch_size=4, max_worker_restarts=3, **kwargs)
     assert loader.max_worker_restarts == 3
-    assert [b.tolist() for b in loader] == [b.tolist() for b in DataLoader(Squares(), batch_size=4)]
+    assert [b["x"].tolist() for b in loader] == [b["x"].tolist() for b in DataLoader(Squares(), batch_size=4)]
 
 
 def test_iterable_dataset_refuses_samplers_and_shuffle() -> None:
