@@ -23,6 +23,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/stoker bench
+	$(PY) benchmarks/close_times.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests $(wildcard benchmarks)
