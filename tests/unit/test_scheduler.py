@@ -180,3 +180,75 @@ def test_waiting_for_names_task_and_worker():
 
 def test_reset_message_type():
     assert Reset() == Reset()
+
+
+# ------------------------------------------------------------- lost workers
+def lost(owed) -> Failed:
+    return Failed(owed.task_id, ("lost", owed.batch, owed.index))  # type: ignore[arg-type]
+
+
+def test_batch_b_of_every_epoch_goes_to_worker_b_mod_n_with_next_epoch_prefetch():
+    s = Scheduler(num_workers=3, window=6)
+    s.begin_epoch(batches(7))
+    first = s.dispatch()
+    assert [w for w, _ in first] == [0, 1, 2, 0, 1, 2]
+    for w, t in first:
+        s.complete(w, Done(t.task_id, t.index))
+    for _ in range(6):
+        s.deliver()
+    sent = s.dispatch()  # batch 6, then the epoch's end is found
+    assert [w for w, _ in sent] == [0]
+    s.begin_epoch(batches(7))  # prefetched while epoch 0 is still delivering
+    assert [w for w, _ in s.dispatch()][:5] == [0, 1, 2, 0, 1]
+
+
+def test_a_lost_worker_fails_at_its_first_owed_position_after_earlier_batches():
+    s = Scheduler(num_workers=2, window=6)
+    s.begin_epoch(batches(10))
+    sent = s.dispatch()
+    for w, t in sent:
+        if w == 0:
+            s.complete(w, Done(t.task_id, t.index))
+    assert [o.batch for o in s.owed(1)] == [1, 3, 5]
+    s.lose_worker(1, lost)
+    assert s.dispatch() == []  # a failure is queued: nothing more is sent
+    first = s.deliver()
+    assert first is not None and isinstance(first[1], Done) and first[1].task_id == 0
+    second = s.deliver()
+    assert second is not None and second[1].error == ("lost", 1, [2, 3])
+
+
+def test_a_lost_worker_owing_nothing_fails_the_next_batch_it_would_be_given():
+    s = Scheduler(num_workers=2, window=2)
+    s.begin_epoch(batches(10))
+    for w, t in s.dispatch():
+        s.complete(w, Done(t.task_id, t.index))
+    s.lose_worker(1, lost)  # it owed nothing
+    assert s.deliver()[1].task_id == 0
+    assert s.deliver()[1].task_id == 1
+    sent = s.dispatch()
+    assert [w for w, _ in sent] == [0]  # batch 2 to worker 0; batch 3 (worker 1's) failed at once
+    assert s.dispatch() == []
+    w, t = sent[0]
+    s.complete(w, Done(t.task_id, t.index))
+    assert s.deliver()[1].task_id == 2
+    assert s.deliver()[1].error == ("lost", 3, [6, 7])
+
+
+def test_unordered_delivery_gives_every_live_batch_before_a_lost_workers_failure():
+    s = Scheduler(num_workers=2, window=6, in_order=False)
+    s.begin_epoch(batches(10))
+    sent = s.dispatch()
+    s.lose_worker(1, lost)
+    live = [(w, t) for w, t in sent if w == 0]
+    assert live
+    assert s.deliver() is None  # the failure waits while live workers' tasks are unresolved
+    out = []
+    for w, t in live:
+        s.complete(w, Done(t.task_id, t.index))
+        got = s.deliver()
+        while got is not None:
+            out.append(got[1])
+            got = s.deliver()
+    assert [type(r) for r in out] == [Done] * len(live) + [Failed]
+    assert out[-1].error[0] == "lost"
