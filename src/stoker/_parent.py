@@ -6,7 +6,7 @@ between tasks.
 
 The goal: however the main process ends, SIGKILL included, no worker outlives it, even one
 that is deep inside a long `__getitem__`. The worker's loop checks between tasks, which is
-not enough for a busy worker, so `arm` sets up, in this order of preference:
+not enough for a busy worker, so `arm` sets up three layers:
 
 1. Kernel-level deaths, which need nothing from the worker (a worker stuck in a C call
    that holds the GIL dies too):
@@ -39,13 +39,16 @@ not enough for a busy worker, so `arm` sets up, in this order of preference:
 3. The loop's own check between tasks (the returned callable), for when neither of the
    above could be set up.
 
-The one limit left: a worker stuck in a C call that holds the GIL, started under fork from
-a thread other than the main one, while another process forked from the main process
-after that worker (not a stoker worker: those die the same way, the last-forked first)
-still holds a copy of the sentinel's write end, or while SIGIO is handled rather than at
-its default action in the worker, dies only when the call returns (then the watchdog ends
-it). Spawn and forkserver workers, and workers started from the main thread, have no such
-limit. Off Linux only the watchdog (polling) and the loop's check remain.
+The one limit left: a worker stuck in a C call that holds the GIL (its watchdog cannot run)
+dies only when the call returns if, when the main process dies, both kernel-level deaths
+are held back: PDEATHSIG, because it was not set (started from a thread other than the main
+one under fork or spawn) or because the forkserver lives on (another process, say one
+forked from the main process, still holds the write end of its alive pipe); and SIGIO,
+because the worker handles SIGIO, or because another process forked from the main process
+after the worker started (not a stoker worker: those die the same way, the last-forked
+first) still holds the write end of the worker's sentinel pipe. In short: a process forked
+from the main process, outliving it, can keep such a worker alive until its call returns.
+Off Linux only the watchdog (polling) and the loop's check remain.
 """
 
 from __future__ import annotations

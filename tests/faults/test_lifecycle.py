@@ -20,6 +20,8 @@ from typing import Any
 import psutil
 import pytest
 
+from stoker._parent import ORPHANED_EXIT
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
 START_METHODS = ["fork", "spawn", "forkserver"]
@@ -44,14 +46,19 @@ PRELUDE = textwrap.dedent(
             return np.full(self.shape, i % 251, np.uint8)
 
     class Stuck(stoker.Dataset):
-        # every sample takes (practically) forever; a worker marks its arrival in `where`
-        def __init__(self, where):
-            self.where = where
+        # every sample takes a minute, sleeping or (hold_gil) in a C call that keeps the GIL;
+        # a worker marks its arrival in `where`
+        def __init__(self, where, hold_gil=False):
+            self.where, self.hold_gil = where, hold_gil
         def __len__(self):
             return 100
         def __getitem__(self, i):
             open(os.path.join(self.where, str(os.getpid())), "w").close()
-            time.sleep(1000)
+            if self.hold_gil:
+                import ctypes
+                ctypes.PyDLL(None).sleep(60)  # libc's sleep, called without releasing the GIL
+            else:
+                time.sleep(60)
 
     def wait_busy(where, count, within=30):
         deadline = time.monotonic() + within
@@ -159,15 +166,20 @@ def test_main_process_sigkilled_mid_epoch_takes_its_workers_along(tmp_path, meth
 
 BUSY = """
     import threading
-    method, where = sys.argv[1], sys.argv[2]
+    method, where, options = sys.argv[1], sys.argv[2], sys.argv[3:]
     _prestart(method)
+    if "helpers" in options:  # multiprocessing's helpers run in this process, whatever the method
+        from multiprocessing import forkserver, resource_tracker
+        resource_tracker.ensure_running()
+        forkserver.ensure_running()
     def consume():
-        loader = stoker.DataLoader(Stuck(where), num_workers=2, multiprocessing_context=method)
+        dataset = Stuck(where, hold_gil="gil" in options)
+        loader = stoker.DataLoader(dataset, num_workers=2, multiprocessing_context=method)
         it = iter(loader)
         wait_busy(where, 2)  # both workers are inside a sample that will not finish
         print("WORKERS " + json.dumps(worker_pids(method)), flush=True)
         next(it)
-    if sys.argv[3:] == ["thread"]:  # the loader is iterated by another thread than the main one
+    if "thread" in options:  # the loader is iterated by another thread than the main one
         consumer = threading.Thread(target=consume, daemon=True)
         consumer.start()
         consumer.join()
@@ -203,37 +215,129 @@ def child_with_workers(script: str, *args: str, **popen: Any) -> Iterator[tuple[
         kill_leftovers(workers)
 
 
-BUSY_ORPHANS = pytest.mark.xfail(
-    strict=True,
-    reason="stoker bug: workers busy in a sample outlive a SIGKILLed main process when "
-    "PR_SET_PDEATHSIG is not used (forkserver, or iterating off the main thread); the parent "
-    "check runs only between tasks",
-)
+def helper_pids(proc: subprocess.Popen) -> dict[str, int]:
+    """multiprocessing's helper processes of the child: its forkserver and resource tracker."""
+    helpers = {}
+    for p in psutil.Process(proc.pid).children():
+        cmd = " ".join(p.cmdline())
+        for name in ("forkserver", "resource_tracker"):
+            if f"multiprocessing.{name} import main" in cmd:
+                helpers[name] = p.pid
+    return helpers
 
 
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize(
-    ("method", "consumer"),
-    [
-        ("fork", "main"),
-        ("spawn", "main"),
-        pytest.param("forkserver", "main", marks=BUSY_ORPHANS),
-        pytest.param("fork", "thread", marks=BUSY_ORPHANS),
-    ],
-)
-def test_main_process_sigkilled_while_workers_are_busy_takes_them_along(
-    tmp_path, method: str, consumer: str
-) -> None:
-    """The workers are inside a long `__getitem__`, not idly watching their parent."""
+def times_to_gone(pids: dict[str, int], within: float) -> dict[str, float | None]:
+    """Seconds until each process is gone (exited: a zombie counts), None if still there."""
+    start = time.monotonic()
+    took: dict[str, float | None] = dict.fromkeys(pids)
+    while True:
+        now = time.monotonic() - start
+        for name, pid in pids.items():
+            if took[name] is None and not wait_gone([pid], within=0):
+                took[name] = now
+        if all(t is not None for t in took.values()) or now > within:
+            return took
+        time.sleep(0.01)
+
+
+def sigkill_busy_child(tmp_path, method: str, *options: str) -> None:
+    """SIGKILL a child whose two workers are inside a one-minute sample: its workers and
+    multiprocessing's helpers (started in the child whatever the method) are gone within
+    2 s of its death, measured from when it is reaped."""
     script = write_script(tmp_path, BUSY)
     where = tmp_path / "busy"
     where.mkdir()
-    with child_with_workers(script, method, str(where), consumer) as (proc, workers):
-        assert len(workers) == 2, workers
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-        left = wait_gone(workers, within=5.0)
-        assert not left, f"busy workers {left} outlived their SIGKILLed parent by 5 s ({method})"
+    helpers: dict[str, int] = {}
+    try:
+        with child_with_workers(script, method, str(where), "helpers", *options) as (proc, workers):
+            assert len(workers) == 2, workers
+            helpers = helper_pids(proc)
+            assert sorted(helpers) == ["forkserver", "resource_tracker"], helpers
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+            watched = {**{f"worker {pid}": pid for pid in workers}, **helpers}
+            took = times_to_gone(watched, within=2.0)
+            report = ", ".join(f"{name} {'still there' if t is None else f'{t:.3f} s'}" for name, t in took.items())
+            print(f"\n{method} {' '.join(options)}: gone after {report}")
+            left = [name for name, t in took.items() if t is None]
+            assert not left, f"{left} outlived their SIGKILLed main process by 2 s ({method} {options})"
+    finally:
+        kill_leftovers(list(helpers.values()))
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("consumer", ["main", "thread"])
+@pytest.mark.parametrize("method", START_METHODS)
+def test_main_process_sigkilled_while_workers_are_busy_takes_them_along(
+    tmp_path, method: str, consumer: str
+) -> None:
+    """The workers are inside a long `__getitem__` (sleeping: the GIL is free), not idly
+    watching their parent; the loader is iterated from the main thread or another one."""
+    sigkill_busy_child(tmp_path, method, consumer)
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("consumer", ["main", "thread"])
+@pytest.mark.parametrize("method", START_METHODS)
+def test_main_process_sigkilled_while_workers_hold_the_gil_takes_them_along(
+    tmp_path, method: str, consumer: str
+) -> None:
+    """The same, with the workers inside a C call that keeps the GIL: no Python code runs
+    in them (the watchdog thread cannot), only the kernel can end them."""
+    sigkill_busy_child(tmp_path, method, consumer, "gil")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("watchdog", ["pidfd", "polling"])
+def test_parent_watchdog_ends_its_process_with_the_main_one_and_tells_a_reused_pid(
+    tmp_path, watchdog: str
+) -> None:
+    """The watchdog on its own, as under forkserver (the watched process is not our parent):
+    a pid whose start time differs is not the main process; once the main process has
+    exited (a zombie, not yet reaped), the watchdog ends ours at once."""
+    script = write_script(
+        tmp_path,
+        """
+        import subprocess
+        from stoker import _parent
+        if sys.argv[1] == "polling":
+            del os.pidfd_open  # as on a kernel older than 5.3
+        # the stand-in main process lives until killed, or until we are gone (EOF on its stdin)
+        main = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+        started = _parent._start_time(main.pid)
+        reused = _parent.ParentWatch(main.pid, "forkserver", False, started - 1).arm()
+        check = _parent.ParentWatch(main.pid, "forkserver", False, started).arm()
+        threads = sorted(t.name for t in __import__("threading").enumerate())
+        print("RESULT " + json.dumps({"reused": reused is None, "alive": check is not None and check(),
+                                      "threads": threads}), flush=True)
+        main.kill()  # and not reaped: it stays a zombie while we live
+        print(f"KILLED {time.monotonic()}", flush=True)
+        time.sleep(10)
+        print("SURVIVED", flush=True)
+        """,
+    )
+    proc = subprocess.Popen(
+        [sys.executable, script, watchdog], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=30)
+        ended = time.monotonic()
+    finally:
+        proc.kill()
+        proc.wait()
+    result = json.loads(read_line_of(stdout, "RESULT "))
+    assert result["reused"], "a pid with another start time was taken for the main process"
+    assert result["alive"] and "stoker-parent-watch" in result["threads"], result
+    assert "SURVIVED" not in stdout and proc.returncode == ORPHANED_EXIT, (proc.returncode, stdout, stderr)
+    took = ended - float(read_line_of(stdout, "KILLED "))
+    print(f"\n{watchdog} watchdog: ended its process {took:.3f} s after the main one was killed")
+    assert took < 2.0
+
+
+def read_line_of(output: str, prefix: str) -> str:
+    lines = [line[len(prefix) :] for line in output.splitlines() if line.startswith(prefix)]
+    assert lines, f"no {prefix!r} line in:\n{output}"
+    return lines[0]
 
 
 @pytest.mark.timeout(90)
