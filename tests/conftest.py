@@ -1,33 +1,117 @@
 from __future__ import annotations
 
 import multiprocessing
+from pathlib import Path
 
 import pytest
 
-from leakcheck import Snapshot
+from leakcheck import KINDS, SETTLE_S, Snapshot
 
 START_METHODS = [m for m in ("fork", "spawn", "forkserver") if m in multiprocessing.get_all_start_methods()]
+
+# Every test under these directories (tests/<tier>/...) fails if it leaves a child process,
+# thread, pipe/socket/memfd descriptor or /dev/shm entry behind; elsewhere a test opts in
+# with the `no_leaks` fixture. A test that keeps something alive on purpose says what and why:
+# @pytest.mark.leaks_allowed("threads", reason="...").
+LEAK_CHECKED_TIERS = ("integration", "faults")
+TESTS = Path(__file__).resolve().parent
+CALL_RAISED = pytest.StashKey[bool]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--leak-settle",
+        type=float,
+        default=SETTLE_S,
+        metavar="SECONDS",
+        help=f"how long the leak check waits for a test's leftovers to go (polled; default {SETTLE_S})",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"leaks_allowed(*kinds, reason): the leak check ignores these kinds of leftovers "
+        f"({', '.join(KINDS)}; all if none given) for this test; reason is required",
+    )
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _multiprocessing_helpers():
     """Start multiprocessing's own helper processes (the forkserver, spawn's resource
-    tracker) once, up front, so that leak checks do not mistake them for ours."""
-    from multiprocessing import forkserver, resource_tracker
+    tracker) once, up front, and make the first arena of its shared-memory heap (behind
+    `Value` and `Array`: an unlinked /dev/shm file kept open, and mapped, for the rest of the
+    process), so that leak checks do not mistake them for ours."""
+    from multiprocessing import forkserver, heap, resource_tracker
 
     if "forkserver" in START_METHODS:
         forkserver.ensure_running()
     resource_tracker.ensure_running()
+    heap.BufferWrapper(1)  # freed at once; the heap keeps its (small) arena
     yield
 
 
-@pytest.fixture
-def no_leaks():
-    """Fail the test if it leaves a child process, thread, pipe, socket or /dev/shm entry."""
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    yield
+    if call.when == "call":
+        # pytest.skip()/xfail() raise BaseExceptions, not Exceptions: the test did not fail
+        item.stash[CALL_RAISED] = call.excinfo is not None and call.excinfo.errisinstance(Exception)
+
+
+def _allowed_kinds(item: pytest.Item) -> set[str]:
+    allowed: set[str] = set()
+    for mark in item.iter_markers("leaks_allowed"):
+        if not mark.kwargs.get("reason"):
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.leaks_allowed needs a reason=")
+        unknown = set(mark.args) - set(KINDS)
+        if unknown:
+            raise pytest.UsageError(f"{item.nodeid}: leaks_allowed kinds {sorted(unknown)} not in {KINDS}")
+        allowed |= set(mark.args or KINDS)
+    return allowed
+
+
+def _leak_checked(request: pytest.FixtureRequest) -> bool:
+    if "no_leaks" in request.fixturenames:
+        return True
+    try:
+        tier = request.node.path.resolve().relative_to(TESTS).parts[0]
+    except ValueError:
+        return False
+    return tier in LEAK_CHECKED_TIERS
+
+
+@pytest.fixture(autouse=True)
+def _leak_check(request: pytest.FixtureRequest):
+    """Snapshot before the test; after it (and its other function-scoped fixtures), once its
+    locals are gone and garbage is collected, nothing new may be left. Polls, so a clean test
+    costs no wait; a DataLoader's arena ("stoker-slot" memfds) goes when the loader is
+    collected, so it is not an exception. Failures are reported as errors at teardown, with
+    the list of what was left."""
+    if not _leak_checked(request):
+        yield None
+        return
+    kinds = set(KINDS) - _allowed_kinds(request.node)
     before = Snapshot()
     yield before
-    problems = before.wait_clean()
-    assert not problems, "; ".join(problems)
+    if request.node.stash.get(CALL_RAISED, False):
+        # The test failed: its traceback (kept as sys.last_traceback) holds its frame and
+        # so its loaders; the failure is the news, leftovers would only repeat it.
+        return
+    problems = before.wait_clean(timeout=request.config.getoption("--leak-settle"), kinds=kinds)
+    if problems:
+        hint = ""
+        if any("stoker-slot" in p for p in problems):
+            hint = " (stoker-slot descriptors: a DataLoader's arena, still referenced after the test)"
+        pytest.fail(f"{request.node.nodeid} left behind: " + "; ".join(problems) + hint, pytrace=False)
+
+
+@pytest.fixture
+def no_leaks(_leak_check: Snapshot) -> Snapshot:
+    """Fail the test if it leaves a child process, thread, pipe, socket or /dev/shm entry
+    (the check itself is `_leak_check`'s, on by default in LEAK_CHECKED_TIERS; this opts in
+    elsewhere). The snapshot taken before the test."""
+    return _leak_check
 
 
 @pytest.fixture(params=START_METHODS)

@@ -89,7 +89,7 @@ def record_init(worker_id: int) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_batches_equal_in_process_batches(engine: str, no_leaks) -> None:
+def test_batches_equal_in_process_batches(engine: str) -> None:
     expected = list(DataLoader(Numbers(), batch_size=3))
     got = list(DataLoader(Numbers(), batch_size=3, num_workers=2, **engine_kwargs(engine)))
     assert len(got) == len(expected)
@@ -110,7 +110,7 @@ class Uneven(Dataset):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_out_of_order_delivers_each_batch_once(engine: str, no_leaks) -> None:
+def test_out_of_order_delivers_each_batch_once(engine: str) -> None:
     got = list(DataLoader(Uneven(), batch_size=4, num_workers=2, in_order=False, **engine_kwargs(engine)))
     batches = sorted(tuple(b.tolist()) for b in got)
     assert batches == [tuple(range(k, k + 4)) for k in range(0, 40, 4)], "each batch exactly once, whole"
@@ -125,7 +125,7 @@ def make_generator(kind: str):
 
 @pytest.mark.parametrize("generator", ["int", "torch"])
 @pytest.mark.parametrize("engine", ENGINES)
-def test_worker_info_seeds_and_reproducibility(engine: str, generator: str, no_leaks) -> None:
+def test_worker_info_seeds_and_reproducibility(engine: str, generator: str) -> None:
     def run() -> list[list[dict]]:
         loader = DataLoader(
             WhoAmI(), batch_size=None, num_workers=2, generator=make_generator(generator), **engine_kwargs(engine)
@@ -157,7 +157,7 @@ def test_worker_info_seeds_and_reproducibility(engine: str, generator: str, no_l
 
 
 @pytest.mark.parametrize("engine", ["fork", "spawn"])
-def test_unseeded_runs_differ(engine: str, no_leaks) -> None:
+def test_unseeded_runs_differ(engine: str) -> None:
     def run() -> list[float]:
         loader = DataLoader(WhoAmI(), batch_size=None, num_workers=2, **engine_kwargs(engine))
         return [s["np"] for s in loader] + [s["seed"] for s in loader]
@@ -180,7 +180,7 @@ class TorchDraws(Dataset):
         return seeds_and_draws(i)
 
 
-def test_worker_seeds_match_torch_for_the_same_generator(no_leaks) -> None:
+def test_worker_seeds_match_torch_for_the_same_generator() -> None:
     """torch.utils.data's workers and stoker.torch's see the same seeds and draws."""
     torch = pytest.importorskip("torch")
     import stoker.torch as st
@@ -197,7 +197,7 @@ def test_worker_seeds_match_torch_for_the_same_generator(no_leaks) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_persistent_workers_survive_epochs(engine: str, no_leaks) -> None:
+def test_persistent_workers_survive_epochs(engine: str) -> None:
     loader = DataLoader(WhoAmI(), batch_size=4, num_workers=2, persistent_workers=True, **engine_kwargs(engine))
     pids, seeds = [], set()
     for _ in range(3):
@@ -232,7 +232,7 @@ def append_init(worker_id: int) -> None:
 
 @pytest.mark.parametrize("persistent", [True, False])
 @pytest.mark.parametrize("engine", ENGINES)
-def test_worker_init_fn_runs_once_per_worker(engine: str, persistent: bool, tmp_path, no_leaks) -> None:
+def test_worker_init_fn_runs_once_per_worker(engine: str, persistent: bool, tmp_path) -> None:
     path = str(tmp_path / "inits")
     loader = DataLoader(
         InitRecorder(path), batch_size=2, num_workers=2, worker_init_fn=append_init,
@@ -248,7 +248,7 @@ def test_worker_init_fn_runs_once_per_worker(engine: str, persistent: bool, tmp_
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_iterable_sharded_and_unsharded(engine: str, no_leaks) -> None:
+def test_iterable_sharded_and_unsharded(engine: str) -> None:
     sharded = DataLoader(Stream(50, True), batch_size=4, num_workers=2, **engine_kwargs(engine))
     assert sorted(i for b in sharded for i in b.tolist()) == list(range(50))
     with pytest.warns(UserWarning, match="not sharded"):
@@ -315,7 +315,7 @@ class HoldsLambda(Dataset):
 
 @pytest.mark.parametrize("dataset", [Unpicklable, HoldsLambda])
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_unpicklable_dataset_under_spawn_names_it(method: str, dataset: type, no_leaks) -> None:
+def test_unpicklable_dataset_under_spawn_names_it(method: str, dataset: type) -> None:
     with pytest.raises(TypeError, match="dataset") as caught:
         list(DataLoader(dataset(), num_workers=2, multiprocessing_context=method))
     assert dataset.__name__ in str(caught.value), "the message should show which object"
@@ -323,13 +323,13 @@ def test_unpicklable_dataset_under_spawn_names_it(method: str, dataset: type, no
     assert len(list(DataLoader(dataset(), num_workers=2, multiprocessing_context="fork"))) == 4
 
 
-def test_unpicklable_collate_fn_is_named(no_leaks) -> None:
+def test_unpicklable_collate_fn_is_named() -> None:
     with pytest.raises(TypeError, match="collate_fn"):
         list(DataLoader(Numbers(), num_workers=1, multiprocessing_context="spawn", collate_fn=lambda b: b))
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_kept_batches_are_never_overwritten(engine: str, no_leaks) -> None:
+def test_kept_batches_are_never_overwritten(engine: str) -> None:
     class_ds = Numbers(400)
     kept = list(DataLoader(class_ds, batch_size=4, num_workers=2, **engine_kwargs(engine)))
     assert len(kept) == 100
@@ -339,7 +339,7 @@ def test_kept_batches_are_never_overwritten(engine: str, no_leaks) -> None:
     del kept
 
 
-def test_several_loaders_and_iterators_at_once(no_leaks) -> None:
+def test_several_loaders_and_iterators_at_once() -> None:
     a = iter(DataLoader(Numbers(), batch_size=5, num_workers=2))
     b = iter(DataLoader(Numbers(), batch_size=5, num_workers=2, thread_pool=True))
     c = iter(DataLoader(Numbers(), batch_size=5, num_workers=1, multiprocessing_context="spawn"))
@@ -348,7 +348,7 @@ def test_several_loaders_and_iterators_at_once(no_leaks) -> None:
     del a, b, c
 
 
-def test_torch_tensors_from_workers_are_real_tensors(no_leaks) -> None:
+def test_torch_tensors_from_workers_are_real_tensors() -> None:
     torch = pytest.importorskip("torch")
     import stoker.torch as st
 
@@ -367,7 +367,7 @@ class Images(Dataset):
 
 
 @pytest.mark.parametrize("engine", ["fork", "spawn"])
-def test_kept_views_survive_slot_reuse(engine: str, no_leaks) -> None:
+def test_kept_views_survive_slot_reuse(engine: str) -> None:
     """Most batches are dropped (their slots are reused); slices kept from the others stay intact."""
     kept = {}
     for k, batch in enumerate(DataLoader(Images(), batch_size=8, num_workers=2, **engine_kwargs(engine))):
@@ -381,7 +381,7 @@ def test_kept_views_survive_slot_reuse(engine: str, no_leaks) -> None:
     del kept
 
 
-def test_kept_torch_tensors_survive_slot_reuse(no_leaks) -> None:
+def test_kept_torch_tensors_survive_slot_reuse() -> None:
     torch = pytest.importorskip("torch")
     import stoker.torch as st
 
@@ -412,7 +412,7 @@ class RaisesLocalError(Dataset):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_exception_of_an_unpicklable_type_is_still_reported(engine: str, no_leaks) -> None:
+def test_exception_of_an_unpicklable_type_is_still_reported(engine: str) -> None:
     iterator = iter(DataLoader(RaisesLocalError(), batch_size=None, num_workers=2, **engine_kwargs(engine)))
     before = [int(next(iterator)) for _ in range(5)]
     try:
@@ -439,7 +439,7 @@ class Plain(Dataset):
 
 @pytest.mark.parametrize("persistent", [True, False])
 @pytest.mark.parametrize("engine", ["fork", "threads"])
-def test_shuffled_epochs_with_workers_equal_torchs(engine: str, persistent: bool, no_leaks) -> None:
+def test_shuffled_epochs_with_workers_equal_torchs(engine: str, persistent: bool) -> None:
     """One loader generator feeds both the shuffling and the workers' base seeds, across
     epochs (and, when persistent, the next epoch's early start): same order as torch's."""
     torch = pytest.importorskip("torch")

@@ -1,0 +1,181 @@
+"""The leak check that tests/conftest.py puts on every test under tests/integration and
+tests/faults: run on a generated suite, it must fail exactly the tests that leave something
+behind, name what they left, and let the others (and declared exceptions) pass."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import uuid
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent.parent
+
+LEAKY = '''
+import os, subprocess, sys, threading
+
+import numpy as np
+import pytest
+
+import stoker
+
+kept = []  # module-level: outlives each test, as a leak does
+
+
+class Numbers(stoker.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return np.full(4, i, np.float32)
+
+
+def stuck_thread(name):
+    stop = threading.Event()
+    kept.append(stop)
+    threading.Thread(target=stop.wait, name=name, daemon=True).start()
+
+
+def test_clean_with_workers():
+    loader = stoker.DataLoader(Numbers(), batch_size=2, num_workers=2)
+    assert len(list(loader)) == 4  # its arena goes with it once the test returns
+
+
+def test_child_process():
+    # a child that ends when its stdin closes: with this pytest process, at the latest
+    kept.append(subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE))
+
+
+def test_thread():
+    stuck_thread("leaky-thread")
+
+
+def test_pipe():
+    kept.append(os.pipe())
+
+
+def test_dev_shm_entry():
+    open(os.path.join("/dev/shm", os.environ["LEAKY_SHM_NAME"]), "w").close()
+
+
+def test_loader_kept():
+    loader = stoker.DataLoader(Numbers(), batch_size=2, num_workers=2)
+    assert len(list(loader)) == 4
+    kept.append(loader)
+
+
+@pytest.mark.leaks_allowed("threads", reason="this test keeps a thread on purpose")
+def test_declared_thread():
+    stuck_thread("declared-thread")
+
+
+@pytest.mark.leaks_allowed("threads", reason="allows threads, not pipes")
+def test_declared_thread_and_an_undeclared_pipe():
+    stuck_thread("declared-thread-2")
+    kept.append(os.pipe())
+
+
+@pytest.mark.leaks_allowed("threads")
+def test_declaration_without_a_reason():
+    pass
+
+
+@pytest.mark.leaks_allowed("sockets", reason="not a kind the check knows")
+def test_declaration_of_an_unknown_kind():
+    pass
+
+
+def test_failing_test_is_reported_once():
+    stuck_thread("thread-of-a-failing-test")
+    assert False, "the test's own failure"
+
+
+def test_with_no_leaks_fixture(no_leaks):
+    assert no_leaks is not None
+'''
+
+UNCHECKED = '''
+import threading
+
+kept = []
+
+
+def test_outside_the_checked_tiers_nothing_is_checked():
+    stop = threading.Event()
+    kept.append(stop)
+    threading.Thread(target=stop.wait, daemon=True).start()
+
+
+def test_no_leaks_opts_in(no_leaks):
+    stop = threading.Event()
+    kept.append(stop)
+    threading.Thread(target=stop.wait, name="opted-in-thread", daemon=True).start()
+'''
+
+
+def outcomes(junit: Path) -> dict[str, list[str]]:
+    """Per test name: its failures and errors, as "failure: message" / "error: message"."""
+    out = {}
+    for case in ET.parse(junit).iter("testcase"):
+        out[case.get("name")] = [
+            f"{child.tag}: {child.get('message', '')}" for child in case if child.tag in ("failure", "error")
+        ]
+    return out
+
+
+def test_the_leak_check_fails_what_leaks_and_names_it(tmp_path: Path) -> None:
+    suite = tmp_path / "suite"
+    for tier in ("integration", "unit"):
+        (suite / tier).mkdir(parents=True)
+    shutil.copy(TESTS / "conftest.py", suite)
+    shutil.copy(TESTS / "leakcheck.py", suite)
+    (suite / "integration" / "test_leaky.py").write_text(textwrap.dedent(LEAKY))
+    (suite / "unit" / "test_unchecked.py").write_text(textwrap.dedent(UNCHECKED))
+    shm_name = f"stoker-leak-check-{uuid.uuid4().hex}"
+    junit = tmp_path / "junit.xml"
+    try:
+        run = subprocess.run(
+            [
+                sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--leak-settle=0.3",
+                "-o", "timeout=60", "-o", "timeout_method=thread", f"--junitxml={junit}", str(suite),
+            ],
+            cwd=suite,
+            env=dict(os.environ, LEAKY_SHM_NAME=shm_name),
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+    finally:
+        if os.path.exists(f"/dev/shm/{shm_name}"):
+            os.unlink(f"/dev/shm/{shm_name}")
+    output = run.stdout + run.stderr
+    assert run.returncode == 1, output
+    got = outcomes(junit)
+
+    def error(name: str) -> str:
+        problems = got[name]
+        assert len(problems) == 1 and problems[0].startswith("error: "), (name, problems, output)
+        assert "left behind" in problems[0], problems
+        return problems[0]
+
+    assert got["test_clean_with_workers"] == [], output
+    assert "child processes left" in error("test_child_process") and "sys.stdin.read()" in error("test_child_process")
+    assert "threads left: ['leaky-thread']" in error("test_thread")
+    assert "file descriptors left" in error("test_pipe") and "pipe:" in error("test_pipe")
+    assert f"/dev/shm entries left: ['{shm_name}']" in error("test_dev_shm_entry")
+    kept_loader = error("test_loader_kept")
+    assert "/memfd:stoker-slot" in kept_loader and "a DataLoader's arena" in kept_loader
+    assert got["test_declared_thread"] == [], output
+    mixed = error("test_declared_thread_and_an_undeclared_pipe")
+    assert "pipe:" in mixed and "threads left" not in mixed
+    assert "needs a reason=" in got["test_declaration_without_a_reason"][0], output
+    assert "['sockets'] not in" in got["test_declaration_of_an_unknown_kind"][0], output
+    failing = got["test_failing_test_is_reported_once"]
+    assert len(failing) == 1 and failing[0].startswith("failure: ") and "own failure" in failing[0], failing
+    assert got["test_with_no_leaks_fixture"] == [], output
+    assert got["test_outside_the_checked_tiers_nothing_is_checked"] == [], output
+    assert "threads left: ['opted-in-thread']" in error("test_no_leaks_opts_in")
