@@ -3,7 +3,7 @@ torch.utils.data. See benchmarks/README.md."""
 
 import sys
 
-from stoker._cli import main
+from stoker._tools.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", *sys.argv[1:]]))

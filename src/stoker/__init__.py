@@ -5,8 +5,11 @@ The API is `torch.utils.data`'s, plus MXNet Gluon's `last_batch`, `batchify_fn` 
 whose batches are torch tensors, exactly as `torch.utils.data` makes them.
 """
 
-from ._collate import collate, default_collate, default_collate_fn_map, default_convert
-from ._datasets import (
+from ._core.errors import WorkerDiedError, WorkerError, WorkerRestartWarning
+from ._core.loader import DataLoader
+from ._core.worker import WorkerInfo, get_worker_info
+from ._data.collate import collate, default_collate, default_collate_fn_map, default_convert
+from ._data.datasets import (
     ArrayDataset,
     ChainDataset,
     ConcatDataset,
@@ -17,10 +20,8 @@ from ._datasets import (
     TensorDataset,
     random_split,
 )
-from ._distributed import DistributedSampler
-from ._errors import WorkerDiedError, WorkerError, WorkerRestartWarning
-from ._loader import DataLoader
-from ._samplers import (
+from ._data.distributed import DistributedSampler
+from ._data.samplers import (
     BatchSampler,
     RandomSampler,
     Sampler,
@@ -28,7 +29,6 @@ from ._samplers import (
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
-from ._worker import WorkerInfo, get_worker_info
 
 __version__ = "0.1.0"
 

@@ -20,9 +20,14 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
         "or use `stoker` (numpy batches) instead"
     ) from exc
 
-from . import _datasets, _distributed, _loader, _samplers
-from ._collate import CollateFnMap
-from ._datasets import (
+from ._core import loader as _loader
+from ._core.errors import WorkerDiedError, WorkerError, WorkerRestartWarning
+from ._core.worker import WorkerInfo, get_worker_info
+from ._data import datasets as _datasets
+from ._data import distributed as _distributed
+from ._data import samplers as _samplers
+from ._data.collate import CollateFnMap
+from ._data.datasets import (
     ChainDataset,
     ConcatDataset,
     Dataset,
@@ -31,13 +36,11 @@ from ._datasets import (
     Subset,
     TensorDataset,
 )
-from ._errors import WorkerDiedError, WorkerError, WorkerRestartWarning
-from ._rng import GeneratorLike
-from ._samplers import BatchSampler, Sampler, SequentialSampler
-from ._torch_collate import collate as _collate
-from ._torch_collate import default_collate, default_convert
-from ._torch_collate import default_collate_fn_map as _default_map
-from ._worker import WorkerInfo, get_worker_info
+from ._data.rng import GeneratorLike
+from ._data.samplers import BatchSampler, Sampler, SequentialSampler
+from ._data.torch_collate import collate as _collate
+from ._data.torch_collate import default_collate, default_convert
+from ._data.torch_collate import default_collate_fn_map as _default_map
 
 T = TypeVar("T")
 

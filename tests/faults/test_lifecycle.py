@@ -20,7 +20,7 @@ from typing import Any
 import psutil
 import pytest
 
-from stoker._parent import ORPHANED_EXIT
+from stoker._core.parent import ORPHANED_EXIT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.dirname(HERE)
@@ -299,7 +299,7 @@ def test_parent_watchdog_ends_its_process_with_the_main_one_and_tells_a_reused_p
         tmp_path,
         """
         import subprocess
-        from stoker import _parent
+        from stoker._core import parent as _parent
         if sys.argv[1] == "polling":
             del os.pidfd_open  # as on a kernel older than 5.3
         # the stand-in main process lives until killed, or until we are gone (EOF on its stdin)

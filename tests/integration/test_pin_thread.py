@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import stoker
-from stoker import _iterator
+from stoker._core import iterator as _iterator
 
 
 class Range(stoker.Dataset):

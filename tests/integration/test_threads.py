@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import START_METHODS
-from stoker._threads import AfterImport, blas_threads, set_blas_threads
+from stoker._core.threads import AfterImport, blas_threads, set_blas_threads
 
 CHILD_TIMEOUT_S = 60  # a hang guard: each child takes a few seconds
 THREAD_VARIABLES = (
@@ -172,7 +172,7 @@ import sys
 import numpy as np
 
 import stoker
-from stoker._threads import blas_threads
+from stoker._core.threads import blas_threads
 
 
 class TorchThreads(stoker.Dataset):
@@ -250,7 +250,7 @@ print(json.dumps({"values": values, "cv2_in_parent": cv2_in_parent, "after": cv2
 NUMPY_SCRIPT = """
 import json, os, sys
 import stoker
-from stoker._threads import blas_threads
+from stoker._core.threads import blas_threads
 from threads_helper import NumpyReport
 before = blas_threads()
 loader = stoker.DataLoader(NumpyReport(), batch_size=None, num_workers=2, multiprocessing_context=sys.argv[1])

@@ -12,9 +12,9 @@ from collections import namedtuple
 import numpy as np
 import pytest
 
-from stoker._arena import ARENA_LIMIT_ENV, Arena, ArenaLink, SlotOrder
-from stoker._collate import default_collate
-from stoker._protocol import Done, Exhausted, Task
+from stoker._core.arena import ARENA_LIMIT_ENV, Arena, ArenaLink, SlotOrder
+from stoker._core.protocol import Done, Exhausted, Task
+from stoker._data.collate import default_collate
 
 Point = namedtuple("Point", "x y")
 
@@ -157,7 +157,7 @@ def test_non_batch_replies_release_their_slot(link):
 
 
 def test_descriptors_kept_are_bounded_whatever_the_slots_and_batches(monkeypatch):
-    monkeypatch.setattr("stoker._arena.fd_budget", lambda: 4)
+    monkeypatch.setattr("stoker._core.arena.fd_budget", lambda: 4)
     before = len(os.listdir("/proc/self/fd"))
     made = Link()  # four socket descriptors
     kept = [made.roundtrip(np.ones(10_000)) for _ in range(30)]

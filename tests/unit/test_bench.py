@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stoker import _bench as bench
+from stoker._tools import bench as bench
 
 
 def test_steady_window_leaves_out_the_prefetch_at_each_end() -> None:

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from stoker._cli import main
+from stoker._tools.cli import main
 
 
 def test_bench_quick_writes_table_json_and_chart(tmp_path, capsys) -> None:

@@ -110,7 +110,7 @@ def test_torch_tensors_stay_tensors_in_numpy_flavour() -> None:
 
 
 def test_allocator_receives_every_array_output() -> None:
-    from stoker import _collate
+    from stoker._data import collate as _collate
 
     seen: list[tuple[tuple[int, ...], np.dtype]] = []
 

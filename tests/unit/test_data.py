@@ -258,7 +258,7 @@ def test_packed_dataset_arrays_come_back_as_what_they_were() -> None:
     import pickle
     from multiprocessing import reduction
 
-    from stoker._sharing import SHARE_MIN_BYTES, Packed
+    from stoker._core.sharing import SHARE_MIN_BYTES, Packed
 
     tensor = torch.arange(SHARE_MIN_BYTES // 4, dtype=torch.float32)
     array = np.arange(SHARE_MIN_BYTES // 8, dtype=np.float64)

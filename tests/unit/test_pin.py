@@ -17,8 +17,8 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-import stoker._pin as pin_module
-from stoker._pin import PIN_THREAD_NOTE, PinThread, device_setup, pin_batch, pin_function
+import stoker._core.pin as pin_module
+from stoker._core.pin import PIN_THREAD_NOTE, PinThread, device_setup, pin_batch, pin_function
 
 SETTLE_S = 5.0  # generous bound for a thread that has been told to stop
 

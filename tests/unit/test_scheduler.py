@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from stoker._protocol import Done, Exhausted, Failed, Reset, Task
-from stoker._scheduler import Scheduler
+from stoker._core.protocol import Done, Exhausted, Failed, Reset, Task
+from stoker._core.scheduler import Scheduler
 
 
 def batches(n: int, size: int = 2):

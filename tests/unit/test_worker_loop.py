@@ -7,9 +7,9 @@ import random
 import numpy as np
 import pytest
 
-from stoker._errors import ExceptionInfo, WorkerError
-from stoker._protocol import Done, Exhausted, Failed, Reset, Stop, Task
-from stoker._worker import WorkerConfig, get_worker_info, run_worker
+from stoker._core.errors import ExceptionInfo, WorkerError
+from stoker._core.protocol import Done, Exhausted, Failed, Reset, Stop, Task
+from stoker._core.worker import WorkerConfig, get_worker_info, run_worker
 
 
 def collate(samples):

@@ -15,7 +15,7 @@ Every engine implements `Engine`, driven by the loader iterator and the schedule
 reference, `ProcessEngine` runs it in processes: tasks go down a socket per worker, replies
 come back on a socket per worker through the transport, and `poll` waits on those sockets
 and on the process sentinels together, so a worker that dies is seen at once. The process
-engine also decides how its workers die with the main process (`_parent.ParentWatch`).
+engine also decides how its workers die with the main process (`parent.ParentWatch`).
 
 Shutdown (`ProcessEngine.close`): Stop to every worker → join for up to `JOIN_TIMEOUT_S`
 while reading and discarding whatever replies still arrive (so no worker stays blocked on
@@ -42,15 +42,15 @@ from multiprocessing import connection
 from multiprocessing.context import BaseContext
 from typing import Any, Protocol
 
-from ._arena import Arena, ArenaLink, arena_limit
-from ._errors import ExceptionInfo
-from ._fetch import EndOfStream, make_fetcher
-from ._parent import ParentWatch
-from ._plan import LoadPlan
-from ._protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
-from ._sharing import Packed
-from ._transport import PickleTransport, Transport
-from ._worker import WorkerConfig, process_main, run_worker
+from .arena import Arena, ArenaLink, arena_limit
+from .errors import ExceptionInfo
+from .fetch import EndOfStream, make_fetcher
+from .parent import ParentWatch
+from .plan import LoadPlan
+from .protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
+from .sharing import Packed
+from .transport import PickleTransport, Transport
+from .worker import WorkerConfig, process_main, run_worker
 
 JOIN_TIMEOUT_S = 2.0
 TERMINATE_TIMEOUT_S = 1.0

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ._arena import _as_array, map_fd
+from .arena import _as_array, map_fd
 
 SHARE_MIN_BYTES = 1 << 20
 

@@ -2,7 +2,7 @@
 
 A transport has a main side (`Transport`, one per process engine) and a worker side
 (`WorkerTransport`, sent to each worker). Two exist: the shared-memory arena
-(`_arena.ArenaLink` / `SlotWriter`, the default: it owns which slots each worker maps and
+(`arena.ArenaLink` / `SlotWriter`, the default: it owns which slots each worker maps and
 which slot each task in flight was given) and `PickleTransport` below
 (`STOKER_TRANSPORT=pickle`).
 
@@ -28,7 +28,7 @@ from contextlib import AbstractContextManager
 from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
-from ._protocol import Reply, Request, Task
+from .protocol import Reply, Request, Task
 
 _COUNT = struct.Struct("<Q")
 

@@ -58,8 +58,8 @@ from typing import Any
 
 import numpy as np
 
-from ._protocol import Compact, Done, Reply, Request, Task
-from ._transport import recv_out_of_band
+from .protocol import Compact, Done, Reply, Request, Task
+from .transport import recv_out_of_band
 
 ALIGN = 64
 GROWTH = 1.25
@@ -317,7 +317,7 @@ class SlotWriter:
     @contextlib.contextmanager
     def collating_into(self, order: SlotOrder | None) -> Iterator[None]:
         """Let collation allocate array outputs inside the ordered slot while fetching."""
-        from ._collate import allocator
+        from .._data.collate import allocator
 
         self._order = order
         slot = None

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 import stoker
+from stoker._core.loader import usable_cpus
 
 IMAGE_SHAPE = (3, 224, 224)
 IMAGE_BYTES = int(np.prod(IMAGE_SHAPE))
@@ -614,7 +615,7 @@ def environment() -> dict[str, Any]:
     torch is looked at when it is imported: always when it is among the loaders (`--no-torch`
     does not import it just to report on it)."""
     machine: dict[str, Any] = {
-        "cpus": stoker._loader.usable_cpus(),
+        "cpus": usable_cpus(),
         "os_cpu_count": os.cpu_count(),
         "python": sys.version.split()[0],
         "torch": None,

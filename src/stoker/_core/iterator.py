@@ -29,12 +29,12 @@ import warnings
 import weakref
 from typing import Any, Generic, TypeVar
 
-from ._engines import Death, Engine, make_engine
-from ._errors import ExceptionInfo, WorkerDiedError, WorkerRestartWarning, describe_index
-from ._pin import PinThread, device_setup, pin_function
-from ._plan import LoadPlan
-from ._protocol import Done, Failed, Task
-from ._scheduler import Owed, Scheduler
+from .engines import Death, Engine, make_engine
+from .errors import ExceptionInfo, WorkerDiedError, WorkerRestartWarning, describe_index
+from .pin import PinThread, device_setup, pin_function
+from .plan import LoadPlan
+from .protocol import Done, Failed, Task
+from .scheduler import Owed, Scheduler
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ def _csv(text: str) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from .. import __version__
 
     parser = argparse.ArgumentParser(prog="stoker", description="stoker: a data loader that keeps an accelerator fed")
     parser.add_argument("--version", action="version", version=f"stoker {__version__}")
@@ -52,7 +52,7 @@ def _bench(args: argparse.Namespace) -> int:
     # No thread variable (OMP_NUM_THREADS, ...) is set here and torch's thread count is left
     # alone: the loaders are measured in the environment users run them in, and the report
     # records what that was.
-    from . import _bench as bench
+    from . import bench as bench
 
     workloads = [w.upper() for w in (args.workloads if isinstance(args.workloads, list) else _csv(args.workloads))]
     unknown = sorted(set(workloads) - set(WORKLOADS))

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ._collate import (
+from .collate import (
     _ALLOC,
     CollateFnMap,
     CollateTypeError,

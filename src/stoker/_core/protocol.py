@@ -5,7 +5,7 @@ Every message is one of the frozen dataclasses below; nothing else crosses the b
 ```
  main process                                   worker (thread or process)
  ─────────────                                  ──────────────────────────
-   Task(task_id, index,  ───────────────────▶   fetch + collate (into `slot`, see _arena)
+   Task(task_id, index,  ───────────────────▶   fetch + collate (into `slot`, see arena)
         slot)
    Reset()               ───────────────────▶   next epoch: a fresh iterator over the
                                                   iterable dataset replica
@@ -30,10 +30,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
-from ._errors import ExceptionInfo
+from .errors import ExceptionInfo
 
 if TYPE_CHECKING:
-    from ._arena import SlotOrder
+    from .arena import SlotOrder
 
 
 class Compact:

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._protocol import Done, Exhausted, Failed, Reply, Request, Reset, Task
+from .protocol import Done, Exhausted, Failed, Reply, Request, Reset, Task
 
 _NOT_ARRIVED = object()
 

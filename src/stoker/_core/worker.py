@@ -24,11 +24,11 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from ._errors import ExceptionInfo, describe_index
-from ._fetch import EndOfStream, make_fetcher
-from ._parent import ParentWatch
-from ._protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
-from ._threads import limit_worker_pools
+from .errors import ExceptionInfo, describe_index
+from .fetch import EndOfStream, make_fetcher
+from .parent import ParentWatch
+from .protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
+from .threads import limit_worker_pools
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -168,7 +168,7 @@ def process_main(
     """Entry point of a worker process.
 
     `heavy` is (dataset, collate_fn, worker_init_fn), sent apart from `config` so that spawn
-    workers can receive it packed with shared memory (see _sharing).
+    workers can receive it packed with shared memory (see sharing).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     limit_worker_pools()

@@ -15,13 +15,10 @@ import warnings
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
-from . import _collate
-from ._arena import Arena, arena_limit
-from ._datasets import Dataset, is_iterable_dataset
-from ._iterator import LoaderIterator
-from ._plan import LoadPlan
-from ._rng import GeneratorLike, RandomSource, check_generator
-from ._samplers import (
+from .._data import collate as _collate
+from .._data.datasets import Dataset, is_iterable_dataset
+from .._data.rng import GeneratorLike, RandomSource, check_generator
+from .._data.samplers import (
     LAST_BATCH_CHOICES,
     BatchSampler,
     InfiniteConstantSampler,
@@ -29,6 +26,9 @@ from ._samplers import (
     Sampler,
     SequentialSampler,
 )
+from .arena import Arena, arena_limit
+from .iterator import LoaderIterator
+from .plan import LoadPlan
 
 T_co = TypeVar("T_co", covariant=True)
 

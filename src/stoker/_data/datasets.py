@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeGuard, TypeVar
 
-from ._rng import GeneratorLike, RandomSource
+from .rng import GeneratorLike, RandomSource
 
 T_co = TypeVar("T_co", covariant=True)
 T = TypeVar("T")

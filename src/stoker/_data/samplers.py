@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from ._rng import GeneratorLike, RandomSource
+from .rng import GeneratorLike, RandomSource
 
 T_co = TypeVar("T_co", covariant=True)
 

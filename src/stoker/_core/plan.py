@@ -13,8 +13,8 @@ from multiprocessing.context import BaseContext
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._arena import Arena
-    from ._rng import RandomSource
+    from .._data.rng import RandomSource
+    from .arena import Arena
 
 
 @dataclass(frozen=True)

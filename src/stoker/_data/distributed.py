@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ._samplers import Sampler
+from .samplers import Sampler
 
 
 def _from_torch_distributed() -> tuple[int, int] | None:

@@ -1,0 +1,1 @@
+"""Tools built on the public API: the benchmark and the `stoker` command."""
