@@ -316,7 +316,7 @@ class HoldsLambda(Dataset):
 @pytest.mark.parametrize("dataset", [Unpicklable, HoldsLambda])
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_unpicklable_dataset_under_spawn_names_it(method: str, dataset: type) -> None:
-    with pytest.raises(TypeError, match="dataset") as caught:
+    with pytest.raises(TypeError, match="dataset") as caught, pytest.warns(UserWarning, match=PICKLE_WARNING):
         list(DataLoader(dataset(), num_workers=2, multiprocessing_context=method))
     assert dataset.__name__ in str(caught.value), "the message should show which object"
     # the same dataset is fine where nothing is pickled
@@ -324,8 +324,24 @@ def test_unpicklable_dataset_under_spawn_names_it(method: str, dataset: type) ->
 
 
 def test_unpicklable_collate_fn_is_named() -> None:
-    with pytest.raises(TypeError, match="collate_fn"):
+    with pytest.raises(TypeError, match="collate_fn"), pytest.warns(UserWarning, match=PICKLE_WARNING):
         list(DataLoader(Numbers(), num_workers=1, multiprocessing_context="spawn", collate_fn=lambda b: b))
+
+
+PICKLE_WARNING = "Got pickle error when attempting to start a worker Process"
+
+
+def test_local_worker_init_fn_under_forkserver_warns_as_torch_then_names_it() -> None:
+    """torch warns before the pickling error; code that filters or matches that warning
+    keeps working, and stoker's error then says which argument could not be pickled."""
+
+    def init(worker_id: int) -> None:  # a local function cannot be pickled
+        pass
+
+    loader = DataLoader(Numbers(), num_workers=1, multiprocessing_context="forkserver", worker_init_fn=init)
+    with pytest.warns(UserWarning, match=PICKLE_WARNING) as warned, pytest.raises(TypeError, match="worker_init_fn"):
+        iter(loader)
+    assert warned[0].filename == __file__, "the warning points at the user's iter(loader)"
 
 
 @pytest.mark.parametrize("engine", ENGINES)
