@@ -448,14 +448,22 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[tuple[str, str, str | None, str], list[dict[str, Any]]] = {c: [] for c in configs}
     started = time.monotonic()
     reps = max(_reps(config, args) for config in configs)
+    failed: dict[tuple[str, str, str | None, str], str] = {}
     for rep in range(reps):  # outermost, so that a slow patch of a busy machine hits all alike
         for config in configs:
-            if rep < _reps(config, args):
-                runs[config].append(measure(*config, args))
+            if rep < _reps(config, args) and config not in failed:
+                try:
+                    runs[config].append(measure(*config, args))
+                except Exception as exc:  # the baseline's own failure is reported, not fatal
+                    if config[0] != "torch":
+                        raise
+                    failed[config] = f"{type(exc).__name__}: {exc}".strip()
         print(f"  rep {rep + 1}/{reps} done ({time.monotonic() - started:.0f} s)", flush=True)
-    rows = [_summary(config, runs[config]) for config in configs]
+    rows = [_summary(config, runs[config]) for config in configs if runs[config]]
     print()
     print(_table(rows))
+    for config, error in failed.items():
+        print(f"{' '.join(str(part) for part in config)}: failed ({error})")
     bare_gc = statistics.median(ms for r in rows for ms in r["bare_gc_ms"])
     print(
         "made: batches collated when close was called (median) / those sent (window + the one "
@@ -476,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "wall_s": time.monotonic() - started,
             "rows": rows,
+            "failed": {" ".join(str(p) for p in c): e for c, e in failed.items()},
         }
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
