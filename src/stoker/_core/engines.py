@@ -365,10 +365,6 @@ class ProcessEngine:
             self._poller.unregister(fd)
 
     # ---------------------------------------------------------------- running
-    @property
-    def pids(self) -> list[int | None]:
-        return [self.pid(i) for i in range(self.num_workers)]
-
     def pid(self, worker_id: int) -> int | None:
         process = self._processes[worker_id]
         if process is None:

@@ -311,9 +311,6 @@ class Scheduler:
         """Task ids a worker has been sent and not yet answered."""
         return sorted(t for t, w in self._owner.items() if w == worker_id)
 
-    def owes_anything(self, worker_id: int) -> bool:
-        return self._load[worker_id] > 0
-
     def waiting_for(self) -> Waiting | None:
         """The task whose reply the consumer needs next."""
         if not self._epochs:
