@@ -271,7 +271,7 @@ class LoaderIterator(Generic[T]):
                     "For multi-worker loading, this is usually an IterableDataset whose replicas "
                     "are not sharded with get_worker_info()."
                 )
-            warnings.warn(message, stacklevel=3)
+            warnings.warn(message, stacklevel=4)  # the user's next()
 
     def _end_epoch(self) -> None:
         self._scheduler.finish_epoch()
