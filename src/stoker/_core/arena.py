@@ -646,7 +646,7 @@ class ArenaLink:
         order = self.arena.order(worker_id, self._mapped[worker_id])
         if order.use is not None:
             self._assigned[message.task_id] = (worker_id, order.use)
-        conn.send_bytes(pickle.dumps(Task(message.task_id, message.index, order), protocol=5))
+        conn.send_bytes(pickle.dumps(Task(message.task_id, message.index, message.epoch, message.batch, order), protocol=5))
         if order.attach:
             assert order.use is not None
             _send_fds(conn, [self.arena.fd_of(worker_id, order.use)])

@@ -108,6 +108,7 @@ def make_engine(plan: LoadPlan, base_seed: int) -> Engine:
                 drop_last=plan.drop_last,
                 worker_init_fn=plan.worker_init_fn,
                 thread=thread,
+                seed_each_batch=plan.seed_each_batch,
             )
             for worker_id in range(count)
         ]

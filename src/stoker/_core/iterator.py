@@ -66,7 +66,9 @@ class LoaderIterator(Generic[T]):
         if plan.iterable:
             iterable_index["iterable_index"] = plan.batch_size if plan.auto_collation else None
         workers = max(plan.num_workers, 1)
-        self._scheduler = Scheduler(workers, plan.window, plan.in_order, **iterable_index)
+        self._scheduler = Scheduler(
+            workers, plan.window, plan.in_order, first_epoch=plan.first_epoch, **iterable_index
+        )
         self._scheduler.begin_epoch(first_source)
         self._pump()
 
@@ -200,7 +202,7 @@ class LoaderIterator(Generic[T]):
         if owed:
             self._last_killer[worker_id] = owed[0].task_id
         for task in owed:
-            self._engine.send(worker_id, Task(task.task_id, task.index))
+            self._engine.send(worker_id, Task(task.task_id, task.index, task.epoch, task.batch))
         if owed:
             first = owed[0]
             resent = (

@@ -144,6 +144,7 @@ class DataLoader(Generic[T_co]):
         batchify_fn: Callable[[list[Any]], Any] | None = None,
         thread_pool: bool = False,
         max_worker_restarts: int = 0,
+        seed_each_batch: bool = False,
     ) -> None:
         _check_int(num_workers, "num_workers")
         _check_int(max_worker_restarts, "max_worker_restarts")
@@ -178,6 +179,13 @@ class DataLoader(Generic[T_co]):
         _check_callable(worker_init_fn, "worker_init_fn")
         _check_bool(in_order, "in_order")
         _check_bool(thread_pool, "thread_pool")
+        _check_bool(seed_each_batch, "seed_each_batch")
+        if seed_each_batch and thread_pool and num_workers > 0:
+            raise ValueError(
+                "seed_each_batch=True cannot be combined with thread_pool=True: thread workers "
+                "share the process's global RNGs, so seeding them per batch would race; draw "
+                "per-sample randomness from stoker.sample_rng() (or stoker.sample_seed()) instead"
+            )
         if not isinstance(pin_memory_device, str):
             raise TypeError(f"pin_memory_device should be a str, but got pin_memory_device={pin_memory_device!r}")
         check_generator(generator)
@@ -203,6 +211,7 @@ class DataLoader(Generic[T_co]):
         self.in_order = in_order
         self.thread_pool = thread_pool
         self.max_worker_restarts = max_worker_restarts
+        self.seed_each_batch = seed_each_batch
 
         if is_iterable_dataset(dataset):
             self._dataset_kind = "iterable"
@@ -285,6 +294,7 @@ class DataLoader(Generic[T_co]):
         self._iterator = None
         self._arena: Arena | None = None
         self._seed_source: RandomSource | None = None
+        self._epochs_started = 0  # epochs begun over the loader's life: seeds depend on it
         self.__initialized = True
         warn_if_too_many_workers(num_workers, stacklevel=3)
 
@@ -374,6 +384,8 @@ class DataLoader(Generic[T_co]):
             arena=self._shared_memory() if processes else None,
             seed_source=self._seed_source,
             max_worker_restarts=self.max_worker_restarts,
+            seed_each_batch=self.seed_each_batch,
+            first_epoch=self._epochs_started,
         )
 
     # -------------------------------------------------------------- iteration
@@ -383,9 +395,11 @@ class DataLoader(Generic[T_co]):
         persistent = self.persistent_workers and self.num_workers > 0
         if persistent and self._iterator is not None and self._iterator.usable():
             self._iterator.start_next_epoch()
+            self._epochs_started += 1
             return self._iterator
         warn_if_too_many_workers(self.num_workers, stacklevel=3)
         iterator: LoaderIterator[Any] = LoaderIterator(self._plan())
+        self._epochs_started += 1
         if persistent:
             self._iterator = iterator
         return iterator

@@ -43,6 +43,8 @@ class LoadPlan:
     arena: Arena | None  # the loader's shared-memory arena (process workers), else None
     seed_source: RandomSource  # where each iterator draws its workers' base seed
     max_worker_restarts: int
+    seed_each_batch: bool  # seed the global RNGs of the worker before each batch
+    first_epoch: int  # the loader's number for this iterator's first epoch
 
     @property
     def iterable(self) -> bool:

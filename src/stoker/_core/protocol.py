@@ -52,6 +52,8 @@ class Task(Compact):
 
     task_id: int
     index: Any
+    epoch: int = 0  # the loader's epoch number (counted over its life, restored by a resume)
+    batch: int = 0  # the batch's position in its epoch
     slot: SlotOrder | None = None  # process workers: the shared-memory slot to collate into
 
 

@@ -90,6 +90,7 @@ class Scheduler:
         window: int,
         in_order: bool = True,
         iterable_index: Any = _NOT_ARRIVED,
+        first_epoch: int = 0,
     ) -> None:
         if num_workers < 1 or window < 1:
             raise ValueError("Scheduler needs at least one worker and a window of at least 1")
@@ -106,7 +107,7 @@ class Scheduler:
         self._load = [0] * num_workers
         self._rr = 0
         self._in_flight = 0
-        self._epoch_count = 0
+        self._epoch_count = first_epoch  # epochs are numbered over the loader's life
         self._lost: dict[int, Callable[[Owed], Reply]] = {}
         self._halted = False  # a lost worker's failure is queued: dispatch nothing more
 
@@ -199,7 +200,7 @@ class Scheduler:
             if worker in self._lost:
                 self._fail_task(task_id, self._lost[worker])
                 break
-            out.append((worker, Task(task_id, index)))
+            out.append((worker, Task(task_id, index, epoch.number, task_id - epoch.first_id)))
         return out
 
     def _pick_worker(self, epoch: _Epoch) -> int | None:

@@ -69,6 +69,7 @@ class WorkerConfig:
     drop_last: bool
     worker_init_fn: Callable[[int], None] | None
     thread: bool  # a thread worker shares the process: no global seeding, thread-local info
+    seed_each_batch: bool = False  # seed the global RNGs from (base seed, epoch, batch) per batch
 
     @property
     def seed(self) -> int:
