@@ -34,6 +34,7 @@ from .errors import ExceptionInfo, WorkerDiedError, WorkerRestartWarning, descri
 from .pin import PinThread, device_setup, pin_function
 from .plan import LoadPlan
 from .protocol import Done, Failed, Task
+from .resume import Progress, capture_epoch, open_epoch
 from .scheduler import Owed, Scheduler
 
 T = TypeVar("T")
@@ -48,8 +49,11 @@ class LoaderIterator(Generic[T]):
         self._plan = plan
         # The sampler's iterator exists before the workers' base seed is drawn, as in torch,
         # so a shared generator is consumed in the same order.
-        first_source = None if plan.iterable else iter(plan.index_sampler)
-        self._base_seed = int(plan.seed_source.seed64())
+        self._progress = Progress(plan.index_sampler, plan.seed_source, plan.persistent)
+        self._origins = self._progress.origins  # epoch -> what replays its draws
+        self._pending_origin: dict[str, Any] | None = None  # a resumed state's next epoch
+        first_source, self._base_seed = self._open_first_epoch()
+        self._progress.base_seed = self._base_seed
         self._broken: BaseException | None = None
         self._yielded = 0
         self._restarts = 0
@@ -69,8 +73,36 @@ class LoaderIterator(Generic[T]):
         self._scheduler = Scheduler(
             workers, plan.window, plan.in_order, first_epoch=plan.first_epoch, **iterable_index
         )
-        self._scheduler.begin_epoch(first_source)
+        start, skip = 0, []
+        if plan.resume is not None:
+            start, skip = plan.resume["position"], plan.resume.get("delivered_after", [])
+        self._scheduler.begin_epoch(first_source, start=start, skip=skip)
+        self._progress.scheduler = self._scheduler
         self._pump()
+
+    def _open_first_epoch(self) -> tuple[Any, int]:
+        plan = self._plan
+        if plan.iterable:
+            return None, int(plan.seed_source.seed64())
+        resume = plan.resume
+        if resume is None:
+            self._origins[plan.first_epoch] = capture_epoch(plan.index_sampler, plan.seed_source, draws_seed=True)
+            return iter(plan.index_sampler), int(plan.seed_source.seed64())
+        source, drawn = open_epoch(
+            plan.index_sampler, plan.seed_source, resume["origin"], resume["position"], resume.get("drawn", True)
+        )
+        saved = resume.get("base_seed")
+        if drawn is not None and saved is not None and drawn != saved:
+            raise ValueError(
+                "this DataLoader state was saved with another generator: replaying its draws gave "
+                f"base seed {drawn}, the state says {saved}; give the loader the generator (seed) "
+                "it was saved with"
+            )
+        self._origins[plan.first_epoch] = resume["origin"]
+        self._pending_origin = resume.get("next_origin")
+        base = saved if saved is not None else drawn
+        assert base is not None
+        return source, int(base)
 
     # --------------------------------------------------------------- epochs
     def usable(self) -> bool:
@@ -93,10 +125,36 @@ class LoaderIterator(Generic[T]):
 
     def _begin_epoch(self) -> None:
         plan = self._plan
-        source = None if plan.iterable else iter(plan.index_sampler)
-        self._scheduler.begin_epoch(source, reset_workers=plan.iterable)
+        scheduler = self._scheduler
+        if plan.iterable:
+            scheduler.begin_epoch(None, reset_workers=True)
+            return
+        number = scheduler.next_epoch_number
+        origin, self._pending_origin = self._pending_origin, None
+        if origin is not None:
+            source, _ = open_epoch(plan.index_sampler, plan.seed_source, origin, 0)
+        else:
+            origin = capture_epoch(plan.index_sampler, plan.seed_source, draws_seed=False)
+            source = iter(plan.index_sampler)
+        current = scheduler.current_epoch
+        for old in [e for e in self._origins if e < (number if current is None else current)]:
+            del self._origins[old]
+        self._origins[number] = origin
+        scheduler.begin_epoch(source)
 
-    _started_current = True
+    @property
+    def progress(self) -> Progress:
+        """How far this iterator got; its loader keeps it for `state_dict()`."""
+        return self._progress
+
+    @property
+    def _started_current(self) -> bool:
+        return self._progress.started
+
+    @_started_current.setter
+    def _started_current(self, value: bool) -> None:
+        self._progress.started = value
+
 
     # ------------------------------------------------------------- iteration
     def __iter__(self) -> LoaderIterator[T]:

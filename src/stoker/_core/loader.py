@@ -29,6 +29,10 @@ from .._data.samplers import (
 from .arena import Arena, arena_limit
 from .iterator import LoaderIterator
 from .plan import LoadPlan
+from .resume import VERSION as STATE_VERSION
+from .resume import Progress, capture_epoch
+from .resume import check as check_resume
+from .resume import describe as describe_resume
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -295,6 +299,8 @@ class DataLoader(Generic[T_co]):
         self._arena: Arena | None = None
         self._seed_source: RandomSource | None = None
         self._epochs_started = 0  # epochs begun over the loader's life: seeds depend on it
+        self._latest: Progress | None = None  # how far the latest iterator got: state_dict reads it
+        self._resume: dict[str, Any] | None = None  # a loaded state, for the next iter()
         self.__initialized = True
         warn_if_too_many_workers(num_workers, stacklevel=3)
 
@@ -354,7 +360,7 @@ class DataLoader(Generic[T_co]):
             self._arena = Arena(arena_limit())
         return self._arena
 
-    def _plan(self) -> LoadPlan:
+    def _plan(self, resume: dict[str, Any] | None = None) -> LoadPlan:
         """What a new iterator needs, read now."""
         workers = self.num_workers
         processes = workers > 0 and not self.thread_pool
@@ -386,6 +392,7 @@ class DataLoader(Generic[T_co]):
             max_worker_restarts=self.max_worker_restarts,
             seed_each_batch=self.seed_each_batch,
             first_epoch=self._epochs_started,
+            resume=resume,
         )
 
     # -------------------------------------------------------------- iteration
@@ -393,16 +400,59 @@ class DataLoader(Generic[T_co]):
         """An iterator over one epoch's batches (with persistent workers, the next epoch of
         the loader's one iterator)."""
         persistent = self.persistent_workers and self.num_workers > 0
-        if persistent and self._iterator is not None and self._iterator.usable():
+        if persistent and self._iterator is not None and self._iterator.usable() and self._resume is None:
             self._iterator.start_next_epoch()
             self._epochs_started += 1
             return self._iterator
         warn_if_too_many_workers(self.num_workers, stacklevel=3)
-        iterator: LoaderIterator[Any] = LoaderIterator(self._plan())
+        resume, self._resume = self._resume, None
+        iterator: LoaderIterator[Any] = LoaderIterator(self._plan(resume))
+        self._latest = iterator.progress
         self._epochs_started += 1
         if persistent:
             self._iterator = iterator
         return iterator
+
+    # ----------------------------------------------------------------- resume
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is: its current iterator's position (or the start of its next
+        epoch), as plain JSON values. `load_state_dict` on a loader of the same configuration
+        makes its next `iter()` continue exactly from here. Map-style datasets only."""
+        if self._dataset_kind == "iterable":
+            raise TypeError(
+                f"DataLoader.state_dict() cannot save the position of an IterableDataset "
+                f"({type(self.dataset).__name__}): resuming iterable datasets is not built yet "
+                "(map-style datasets resume exactly)"
+            )
+        if self._resume is not None:  # loaded and not iterated yet: still that point
+            return dict(self._resume)
+        plan = self._plan()
+        point = self._latest.point() if self._latest is not None else None
+        if point is None:
+            point = {
+                "epoch": self._epochs_started,
+                "position": 0,
+                "delivered_after": [],
+                "drawn": False,
+                "origin": capture_epoch(plan.index_sampler, plan.seed_source, draws_seed=True),
+                "base_seed": None,
+                "next_origin": None,
+            }
+        return {"version": STATE_VERSION, "config": describe_resume(plan), **point}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a `state_dict()`: the next `iter()` yields exactly the batches the
+        saved run would have yielded next, and the epochs after match too. A state from
+        another configuration raises ValueError saying what differs, and changes nothing."""
+        check_resume(state, describe_resume(self._plan()))
+        for key in ("epoch", "position", "origin"):
+            if key not in state:
+                raise ValueError(f"this DataLoader state lacks {key!r}; it was not applied")
+        if self._iterator is not None:  # a persistent iterator would go on from its own point
+            self._iterator.close()
+            self._iterator = None
+        self._resume = dict(state)
+        self._epochs_started = int(state["epoch"])
 
     def __len__(self) -> int:
         """The number of batches in an epoch; for an IterableDataset, an estimate from

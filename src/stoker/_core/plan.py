@@ -45,6 +45,7 @@ class LoadPlan:
     max_worker_restarts: int
     seed_each_batch: bool  # seed the global RNGs of the worker before each batch
     first_epoch: int  # the loader's number for this iterator's first epoch
+    resume: dict[str, Any] | None = None  # a loaded state: where this iterator's first epoch resumes
 
     @property
     def iterable(self) -> bool:

@@ -32,7 +32,7 @@ batch still in flight.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,10 @@ class _Epoch:
     ready: dict[int, Reply] = field(default_factory=dict)
     deferred: dict[int, Reply] = field(default_factory=dict)  # in_order=False: lost workers' failures
     next_id: int = 0  # in order: the next task id to deliver or skip
+    next_number: int = 0  # the position in the epoch of the next batch dispatched
+    skip: set[int] = field(default_factory=set)  # positions not to dispatch (delivered before a resume)
+    prefix: int = 0  # positions below this are all delivered
+    beyond: set[int] = field(default_factory=set)  # delivered positions above the prefix
     delivered: int = 0
     discarded: bool = False
 
@@ -104,6 +108,7 @@ class Scheduler:
         self._epoch_of: dict[int, _Epoch] = {}
         self._owner: dict[int, int] = {}
         self._index: dict[int, Any] = {}
+        self._number: dict[int, int] = {}  # task id -> its position in its epoch
         self._load = [0] * num_workers
         self._rr = 0
         self._in_flight = 0
@@ -112,20 +117,36 @@ class Scheduler:
         self._halted = False  # a lost worker's failure is queued: dispatch nothing more
 
     # ------------------------------------------------------------------ epochs
-    def begin_epoch(self, source: Iterator[Any] | None = None, reset_workers: bool = False) -> int:
-        """Queue a new epoch; map-style epochs take the index sampler's iterator."""
+    def begin_epoch(
+        self,
+        source: Iterator[Any] | None = None,
+        reset_workers: bool = False,
+        start: int = 0,
+        skip: Iterable[int] = (),
+    ) -> int:
+        """Queue a new epoch; map-style epochs take the index sampler's iterator.
+
+        A resumed epoch starts at position `start` (its source yields the batches from
+        there on) and steps over the positions in `skip` (delivered out of order before)."""
         if self.iterable != (source is None):
             raise ValueError("map-style epochs need an index source; iterable epochs take none")
         if self._epochs and self._epochs[-1].end_id is None:
             raise RuntimeError("the previous epoch is still being dispatched")
         epoch = _Epoch(self._epoch_count, source, self._next_task_id, reset_workers)
         epoch.next_id = epoch.first_id
+        epoch.next_number = epoch.prefix = epoch.delivered = start
+        epoch.skip = set(skip)
         if self.iterable:
             epoch.active = set(range(self.num_workers))
             self._rr = 0
         self._epoch_count += 1
         self._epochs.append(epoch)
         return epoch.number
+
+    @property
+    def next_epoch_number(self) -> int:
+        """The number the next `begin_epoch` will give."""
+        return self._epoch_count
 
     @property
     def current_epoch(self) -> int | None:
@@ -177,39 +198,48 @@ class Scheduler:
             epoch.reset_workers = False
             out.extend((w, Reset()) for w in range(self.num_workers))
         while self._in_flight < self.window:
-            worker = self._pick_worker(epoch)
-            if worker is None:
-                break
+            number = epoch.next_number
             if epoch.source is not None:
                 try:
                     index = next(epoch.source)
+                    while number in epoch.skip:
+                        epoch.skip.discard(number)
+                        index = next(epoch.source)
+                        number += 1
                 except StopIteration:
                     epoch.end_id = self._next_task_id
                     epoch.source = None
                     break
+                worker = self._pick_worker(epoch, number)
+                assert worker is not None
             else:
+                worker = self._pick_worker(epoch, number)
+                if worker is None:
+                    break
                 index = self._iterable_index
+            epoch.next_number = number + 1
             task_id = self._next_task_id
             self._next_task_id += 1
             self._epoch_of[task_id] = epoch
             self._owner[task_id] = worker
             self._index[task_id] = index
+            self._number[task_id] = number
             self._load[worker] += 1
             self._in_flight += 1
             epoch.unresolved.add(task_id)
             if worker in self._lost:
                 self._fail_task(task_id, self._lost[worker])
                 break
-            out.append((worker, Task(task_id, index, epoch.number, task_id - epoch.first_id)))
+            out.append((worker, Task(task_id, index, epoch.number, number)))
         return out
 
-    def _pick_worker(self, epoch: _Epoch) -> int | None:
+    def _pick_worker(self, epoch: _Epoch, number: int) -> int | None:
         candidates = epoch.active if self.iterable else None
         if candidates is not None and not candidates:
             return None
         n = self.num_workers
         if self.in_order and not self.iterable:
-            return (self._next_task_id - epoch.first_id) % n
+            return number % n
         if self.in_order:
             for step in range(n):
                 worker = (self._rr + step) % n
@@ -244,9 +274,11 @@ class Scheduler:
             if not epoch.discarded:
                 self._in_flight -= 1
             self._index.pop(task_id, None)
+            self._number.pop(task_id, None)
             return False
         if epoch.discarded:  # its share of the window was released when it was abandoned
             self._index.pop(task_id, None)
+            self._number.pop(task_id, None)
             return False
         epoch.ready[task_id] = reply
         return True
@@ -271,10 +303,26 @@ class Scheduler:
                 return None
             self._in_flight -= 1
             index = self._index.pop(reply.task_id, None)
+            number = self._number.pop(reply.task_id, None)
             if isinstance(reply, Exhausted):
                 continue
             epoch.delivered += 1
+            if number == epoch.prefix:
+                epoch.prefix += 1
+                while epoch.prefix in epoch.beyond:
+                    epoch.beyond.discard(epoch.prefix)
+                    epoch.prefix += 1
+            elif number is not None:
+                epoch.beyond.add(number)
             return index, reply
+
+    def position(self) -> tuple[int, list[int]]:
+        """How far the consumer got in the delivering epoch: every position below the first
+        value was delivered, and so were those listed (out of order, above it)."""
+        if not self._epochs:
+            return 0, []
+        epoch = self._epochs[0]
+        return epoch.prefix, sorted(epoch.beyond)
 
     # ------------------------------------------------------------ lost workers
     def owed(self, worker_id: int) -> list[Owed]:
@@ -293,19 +341,19 @@ class Scheduler:
 
     def _fail_task(self, task_id: int, failure: Callable[[Owed], Reply]) -> None:
         epoch = self._epoch_of.pop(task_id)
-        owed = Owed(task_id, self._index.get(task_id), epoch.number, self._batch_of(task_id, epoch))
+        owed = Owed(task_id, self._index.get(task_id), epoch.number, self._batch_of(task_id))
         owner = self._owner.pop(task_id)
         self._load[owner] -= 1
         epoch.unresolved.discard(task_id)
         if epoch.discarded:
             self._index.pop(task_id, None)
+            self._number.pop(task_id, None)
             return
         self._halted = True
         (epoch.ready if self.in_order else epoch.deferred)[task_id] = failure(owed)
 
-    def _batch_of(self, task_id: int, epoch: _Epoch | None = None) -> int:
-        epoch = epoch if epoch is not None else self._epoch_of[task_id]
-        return task_id - epoch.first_id
+    def _batch_of(self, task_id: int) -> int:
+        return self._number[task_id]
 
     # ------------------------------------------------------------- inspection
     def outstanding(self, worker_id: int) -> list[int]:

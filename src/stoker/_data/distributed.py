@@ -87,6 +87,9 @@ class DistributedSampler(Sampler[int]):
         return np.random.default_rng(self.seed + self.epoch).permutation(n).tolist()
 
     def __iter__(self) -> Iterator[int]:
+        return self._iter_from(0)
+
+    def _iter_from(self, skip: int) -> Iterator[int]:
         indices = self._order()
         if not self.drop_last:
             padding = self.total_size - len(indices)
@@ -94,7 +97,7 @@ class DistributedSampler(Sampler[int]):
                 indices += (indices * math.ceil(padding / len(indices)))[:padding]
         else:
             indices = indices[: self.total_size]
-        return iter(indices[self.rank : self.total_size : self.num_replicas])
+        return iter(indices[self.rank : self.total_size : self.num_replicas][skip:])
 
     def __len__(self) -> int:
         return self.num_samples

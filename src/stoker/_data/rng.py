@@ -13,6 +13,7 @@ Every random draw in stoker (samplers, `random_split`, the workers' base seed) g
 
 from __future__ import annotations
 
+import base64
 import sys
 from typing import TYPE_CHECKING, Any, Union
 
@@ -137,6 +138,50 @@ class RandomSource:
             return _TorchDraws(self.generator)
         return _NumpyDraws(self._numpy)
 
+    # ------------------------------------------------------------ resume
+    def key(self) -> tuple[Any, ...]:
+        """What this source draws from: sources with equal keys share one stream."""
+        if self.generator is None:
+            return (self.flavour + "-global",)
+        if is_torch_generator(self.generator):
+            return ("torch", id(self.generator))
+        return ("numpy", id(self._numpy))
+
+    def capture(self) -> dict[str, Any]:
+        """The state of the stream this source draws from, as plain JSON values."""
+        kind = self.key()[0]
+        if kind == "torch-global":
+            import torch
+
+            return {"kind": kind, "state": _b64(torch.get_rng_state().numpy().tobytes())}
+        if kind == "torch":
+            return {"kind": kind, "state": _b64(self.generator.get_state().numpy().tobytes())}  # type: ignore[union-attr]
+        if kind == "numpy-global":
+            name, key, pos, has_gauss, cached = np.random.get_state()
+            return {"kind": kind, "state": [name, _b64(np.asarray(key, np.uint32).tobytes()), int(pos), int(has_gauss), float(cached)]}
+        assert self._numpy is not None
+        return {"kind": kind, "state": _plain(self._numpy.bit_generator.state)}
+
+    def restore(self, captured: dict[str, Any]) -> None:
+        """Put the stream back into a state `capture` returned."""
+        kind, state = captured["kind"], captured["state"]
+        if kind != self.key()[0]:
+            raise ValueError(f"a {kind} generator state cannot be restored into a {self.key()[0]} generator")
+        if kind in ("torch-global", "torch"):
+            import torch
+
+            tensor = torch.frombuffer(bytearray(base64.b64decode(state)), dtype=torch.uint8)
+            if kind == "torch":
+                self.generator.set_state(tensor)  # type: ignore[union-attr]
+            else:
+                torch.set_rng_state(tensor)
+        elif kind == "numpy-global":
+            name, key, pos, has_gauss, cached = state
+            np.random.set_state((name, np.frombuffer(base64.b64decode(key), np.uint32), pos, has_gauss, cached))
+        else:
+            assert self._numpy is not None
+            self._numpy.bit_generator.state = _unplain(state)
+
     def seed64(self) -> int:
         """One non-negative 63-bit seed, drawn as torch's DataLoader draws its base seed."""
         generator = self.generator
@@ -147,3 +192,26 @@ class RandomSource:
         if self._numpy is None:
             return int(np.random.randint(0, _SEED_BOUND - 1, dtype=np.int64))
         return int(self._numpy.integers(0, _SEED_BOUND - 1))
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def _plain(value: Any) -> Any:
+    """A numpy bit generator's state as JSON values (arrays as base64 with their dtype)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return {"__array__": _b64(value.tobytes()), "dtype": value.dtype.str}
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def _unplain(value: Any) -> Any:
+    if isinstance(value, dict):
+        if "__array__" in value:
+            return np.frombuffer(base64.b64decode(value["__array__"]), np.dtype(value["dtype"])).copy()
+        return {k: _unplain(v) for k, v in value.items()}
+    return value

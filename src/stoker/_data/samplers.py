@@ -45,6 +45,9 @@ class SequentialSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         return iter(range(len(self.data_source)))
 
+    def _iter_from(self, skip: int) -> Iterator[int]:
+        return iter(range(skip, len(self.data_source)))
+
     def __len__(self) -> int:
         return len(self.data_source)
 
@@ -85,16 +88,21 @@ class RandomSampler(Sampler[int]):
         return len(self.data_source) if self._num_samples is None else int(self._num_samples)
 
     def __iter__(self) -> Iterator[int]:
+        yield from self._order()
+
+    def _iter_from(self, skip: int) -> Iterator[int]:
+        return iter(self._order()[skip:])
+
+    def _order(self) -> list[int]:
         n = len(self.data_source)
         draws = self._source.fresh_draws()
         if self.replacement:
-            order = draws.integers(n, self.num_samples)
-        else:
-            order = []
-            for _ in range(self.num_samples // n):
-                order += draws.permutation(n)
-            order += draws.permutation(n)[: self.num_samples % n]
-        yield from order
+            return draws.integers(n, self.num_samples)
+        order: list[int] = []
+        for _ in range(self.num_samples // n):
+            order += draws.permutation(n)
+        order += draws.permutation(n)[: self.num_samples % n]
+        return order
 
     def __len__(self) -> int:
         return self.num_samples
@@ -117,6 +125,11 @@ class SubsetRandomSampler(Sampler[int]):
         indices = self.indices
         order = self._source.draws().permutation(len(indices))
         yield from (indices[i] for i in order)
+
+    def _iter_from(self, skip: int) -> Iterator[int]:
+        indices = self.indices
+        order = self._source.draws().permutation(len(indices))
+        return (indices[i] for i in order[skip:])
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -161,6 +174,9 @@ class WeightedRandomSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         yield from self._source.draws().multinomial(self._array, self.num_samples, self.replacement)
+
+    def _iter_from(self, skip: int) -> Iterator[int]:
+        return iter(self._source.draws().multinomial(self._array, self.num_samples, self.replacement)[skip:])
 
     def __len__(self) -> int:
         return self.num_samples
@@ -211,11 +227,35 @@ class BatchSampler(Sampler[list[int]]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._leftover = [int(i) for i in state.get("rollover_indices", [])]
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def _iter_from(self, skip: int) -> Iterator[list[int]]:
+        """The batches from the skip-th on, the sampler's draw made now; the skipped indices
+        are stepped over in C (or sliced off, for stoker's samplers), not batched."""
         size = self.batch_size
-        indices = iter(self.sampler)
+        carried: list[int] = []
         if self.last_batch == "rollover" and self._leftover:
             carried, self._leftover = self._leftover, []
+        step = max(0, skip * size - len(carried)) if skip else 0
+        if skip:
+            carried = []
+        inner = getattr(self.sampler, "_iter_from", None)
+        if inner is not None:
+            indices = inner(step)
+        else:
+            indices = iter(self.sampler)
+            next(itertools.islice(indices, step, step), None)
+        return self._batches(indices, carried)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # a generator, as torch's: the sampler's iterator is made at the first step, after
+        # the loader has drawn its base seed from a generator the two may share
+        carried: list[int] = []
+        if self.last_batch == "rollover" and self._leftover:
+            carried, self._leftover = self._leftover, []
+        yield from self._batches(iter(self.sampler), carried)
+
+    def _batches(self, indices: Iterator[int], carried: list[int]) -> Iterator[list[int]]:
+        size = self.batch_size
+        if carried:
             batch = carried + list(itertools.islice(indices, size - len(carried)))
             if len(batch) < size:
                 self._leftover = batch

@@ -1,0 +1,223 @@
+"""Exact resume: what a DataLoader's state holds, how an epoch is captured and replayed.
+
+An epoch's order is fixed by the random streams its sampler (and, for an iterator's first
+epoch, the loader's base-seed draw) consumed, so the state keeps those streams' states as
+they were just before the epoch drew (`capture_epoch`) plus how far the consumer got — not
+the order itself. `open_epoch` puts the streams back, redraws the same order, steps over
+the consumed batches without fetching anything (stoker's samplers slice their drawn order;
+others are iterated) and gives the global RNGs back to the caller untouched.
+
+```
+state = {"version": 1, "config": {...}, "epoch": e, "position": k, "delivered_after": [...],
+         "origin": {"rng": [...], "sampler": {...}, "draws_seed": bool},
+         "base_seed": int | None, "next_origin": origin | None}
+```
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._data.rng import RandomSource
+from .._data.samplers import BatchSampler
+
+VERSION = 1
+_END = object()
+
+
+@dataclass
+class Progress:
+    """How far one iterator got: what `DataLoader.state_dict()` reads. The loader keeps it
+    after the iterator is dropped or closed (the iterator's workers stop; its position is
+    not forgotten)."""
+
+    index_sampler: Any
+    seed_source: RandomSource
+    persistent: bool
+    base_seed: int = 0
+    origins: dict[int, dict[str, Any]] = field(default_factory=dict)  # epoch -> its draws' origin
+    scheduler: Any = None
+    started: bool = True  # the delivering epoch was handed to the consumer by iter()
+
+    def point(self) -> dict[str, Any] | None:
+        """Where a resumed iterator continues, or None when no epoch is under way and the
+        loader's next epoch starts afresh."""
+        scheduler = self.scheduler
+        if scheduler is None:
+            return None
+        if self.started and scheduler.current_epoch is not None:
+            epoch = scheduler.current_epoch
+            position, after = scheduler.position()
+            return {
+                "epoch": epoch,
+                "position": position,
+                "delivered_after": after,
+                "drawn": True,
+                "origin": self.origins[epoch],
+                "base_seed": self.base_seed,
+                "next_origin": self.origins.get(epoch + 1),
+            }
+        if self.persistent:  # between epochs: the next one keeps this iterator's base seed
+            current = scheduler.current_epoch
+            epoch = scheduler.next_epoch_number if current is None else current
+            origin = self.origins.get(epoch)
+            drawn = origin is not None  # the next epoch was prefetched: its draws are made
+            if origin is None:
+                origin = capture_epoch(self.index_sampler, self.seed_source, draws_seed=False)
+            return {
+                "epoch": epoch,
+                "position": 0,
+                "delivered_after": [],
+                "drawn": drawn,
+                "origin": origin,
+                "base_seed": self.base_seed,
+                "next_origin": None,
+            }
+        return None
+
+
+def _inner(index_sampler: Any) -> Any:
+    return index_sampler.sampler if isinstance(index_sampler, BatchSampler) else None
+
+
+def _sources(index_sampler: Any, seed_source: RandomSource) -> list[RandomSource]:
+    """The random streams an epoch draws from, each once, in a fixed order."""
+    found: list[RandomSource] = []
+    keys: set[tuple[Any, ...]] = set()
+    for candidate in (seed_source, getattr(index_sampler, "_source", None), getattr(_inner(index_sampler), "_source", None)):
+        if isinstance(candidate, RandomSource) and candidate.key() not in keys:
+            keys.add(candidate.key())
+            found.append(candidate)
+    return found
+
+
+def _user_sampler(index_sampler: Any) -> Any:
+    """The sampler whose state stoker cannot see into: a user's sampler or batch sampler."""
+    inner = _inner(index_sampler)
+    target = inner if inner is not None else index_sampler
+    return None if hasattr(target, "_iter_from") else target
+
+
+def capture_epoch(index_sampler: Any, seed_source: RandomSource, draws_seed: bool) -> dict[str, Any]:
+    """What reproduces the draws of an epoch that starts now."""
+    sampler: dict[str, Any] = {}
+    if isinstance(index_sampler, BatchSampler):
+        sampler["rollover"] = list(index_sampler._leftover)
+    for part in (index_sampler, _inner(index_sampler)):
+        if part is not None and hasattr(part, "set_epoch") and hasattr(part, "epoch"):
+            sampler["epoch"] = int(part.epoch)
+    user = _user_sampler(index_sampler)
+    if user is not None and hasattr(user, "state_dict") and hasattr(user, "load_state_dict"):
+        sampler["user"] = user.state_dict()
+    return {
+        "rng": [source.capture() for source in _sources(index_sampler, seed_source)],
+        "sampler": sampler,
+        "draws_seed": draws_seed,
+    }
+
+
+def open_epoch(
+    index_sampler: Any, seed_source: RandomSource, origin: dict[str, Any], skip: int, drawn: bool = True
+) -> tuple[Iterator[Any], int | None]:
+    """Replay an epoch's draws from its origin and return its index iterator from batch
+    `skip` on, and the base seed drawn with it (None when the epoch draws none).
+
+    `drawn`: the saved run had made these draws before it saved, so the global RNG state
+    the caller restored with their own checkpoint already follows them and is given back
+    untouched; otherwise (a state saved between epochs) the epoch draws from the global
+    RNG as it is now, as a fresh epoch would, and only the loader's own generators are
+    restored."""
+    sources = _sources(index_sampler, seed_source)
+    saved = origin["rng"]
+    if [c["kind"] for c in saved] != [s.key()[0] for s in sources]:
+        raise ValueError(
+            "this state's random generators "
+            f"({', '.join(c['kind'] for c in saved)}) are not this loader's "
+            f"({', '.join(s.key()[0] for s in sources)}): give the loader the same kind of "
+            "generator (or none) as the loader that saved the state"
+        )
+    callers = [(s, s.capture()) for s in sources if s.key()[0].endswith("-global")] if drawn else []
+    try:
+        for source, state in zip(sources, saved):
+            if drawn or not state["kind"].endswith("-global"):
+                source.restore(state)
+        sampler_state = origin.get("sampler", {})
+        if isinstance(index_sampler, BatchSampler):
+            index_sampler._leftover = [int(i) for i in sampler_state.get("rollover", [])]
+        if "epoch" in sampler_state:
+            for part in (index_sampler, _inner(index_sampler)):
+                if part is not None and hasattr(part, "set_epoch"):
+                    part.set_epoch(sampler_state["epoch"])
+        user = _user_sampler(index_sampler)
+        if "user" in sampler_state and user is not None:
+            user.load_state_dict(sampler_state["user"])
+        base_seed = seed_source.seed64() if origin.get("draws_seed") else None
+        indices = _iter_from(index_sampler, skip)
+    finally:
+        for source, state in callers:  # the caller's own global RNG is left as it was
+            source.restore(state)
+    return indices, base_seed
+
+
+def _iter_from(index_sampler: Any, skip: int) -> Iterator[Any]:
+    """The sampler's iterator from batch `skip` on, its draw made now."""
+    fast = getattr(index_sampler, "_iter_from", None)
+    if fast is not None and (not isinstance(index_sampler, BatchSampler) or _user_sampler(index_sampler) is None):
+        return fast(skip)
+    if skip:
+        warnings.warn(
+            f"resuming {type(_user_sampler(index_sampler) or index_sampler).__name__} by replaying "
+            f"its iterator over the {skip} batches already consumed (no samples are fetched; "
+            "the time grows with the position)",
+            stacklevel=5,
+        )
+    if isinstance(index_sampler, BatchSampler):
+        return index_sampler._iter_from(skip)
+    indices = iter(index_sampler)
+    first = next(itertools.islice(indices, skip, skip + 1), _END)
+    return indices if first is _END else itertools.chain([first], indices)
+
+
+def describe(plan: Any) -> dict[str, Any]:
+    """What a state must agree on with the loader that loads it."""
+    index_sampler = plan.index_sampler
+    inner = _inner(index_sampler)
+    config: dict[str, Any] = {
+        "dataset_kind": plan.dataset_kind,
+        "dataset_length": len(plan.dataset) if plan.dataset_kind == "map" else None,
+        "batch_size": plan.batch_size,
+        "drop_last": plan.drop_last,
+        "index_sampler": type(index_sampler).__name__,
+        "sampler": type(inner).__name__ if inner is not None else None,
+        "last_batch": getattr(index_sampler, "last_batch", None),
+    }
+    for part in (index_sampler, inner):
+        if part is not None and hasattr(part, "num_replicas"):
+            config["num_replicas"] = part.num_replicas
+            config["rank"] = part.rank
+    return config
+
+
+def check(state: Any, config: dict[str, Any]) -> None:
+    """Refuse a state that is not a stoker loader state, or one from another configuration."""
+    if not isinstance(state, dict) or "version" not in state:
+        raise ValueError("load_state_dict expects a dict made by DataLoader.state_dict() (with a 'version' key)")
+    if state["version"] != VERSION:
+        raise ValueError(
+            f"this DataLoader state has version {state['version']!r}; this stoker reads version {VERSION}"
+        )
+    saved = state.get("config", {})
+    differ = [
+        f"{key}: saved {saved.get(key)!r}, this loader {value!r}"
+        for key, value in config.items()
+        if saved.get(key) != value
+    ]
+    if differ:
+        raise ValueError(
+            "this DataLoader state comes from another configuration and was not applied; "
+            + "; ".join(differ)
+        )
