@@ -14,10 +14,27 @@ assert_resumes_identically(make_loader, worker_counts=[0, 2])
 from __future__ import annotations
 
 import json
+import random
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 __all__ = ["assert_resumes_identically"]
+
+
+def _global_rngs() -> list[tuple[Callable[[Any], Any], Any]]:
+    """Python's, numpy's and (if imported) torch's global RNG states, with their setters: a
+    training script checkpoints these next to the loader's state."""
+    import numpy as np
+
+    states: list[tuple[Callable[[Any], Any], Any]] = [
+        (random.setstate, random.getstate()),
+        (np.random.set_state, np.random.get_state()),
+    ]
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        states.append((torch.set_rng_state, torch.get_rng_state()))
+    return states
 
 
 def _plain(batch: Any) -> Any:
@@ -63,6 +80,9 @@ def assert_resumes_identically(
     batch, or the given `steps`), take `state_dict()` there (through JSON), load it into a
     fresh loader — made with each of `worker_counts` as `make_loader(num_workers=n)`, or
     as `make_loader()` when not given — and assert that the rest of the run is identical.
+    The global RNGs (random, numpy, torch) are put back to their state at the interruption
+    before each resume, as a training script's checkpoint does: a generator-less sampler
+    draws its next epochs from them.
 
     Raises AssertionError naming the interruption point, the worker count and the first
     batch that differs."""
@@ -75,9 +95,12 @@ def assert_resumes_identically(
         interrupted = make_loader()
         head, calls, partway = _run(interrupted, epochs, stop=step)
         state = json.loads(json.dumps(interrupted.state_dict()))
+        rngs = _global_rngs()
         del interrupted
         for count in counts:
             resumed = make_loader() if count is None else make_loader(num_workers=count)
+            for restore, saved in rngs:  # as the script's own checkpoint would
+                restore(saved)
             resumed.load_state_dict(state)
             rest, _, _ = _run(resumed, epochs - calls + (1 if partway else 0))
             got = head + rest

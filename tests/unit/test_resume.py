@@ -1,0 +1,249 @@
+"""Exact resume, in-process (num_workers=0 and thread workers): every sampler, batch size,
+last_batch and interruption point gives the uninterrupted run; states are small, plain and
+checked."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import stoker
+from stoker.testing import assert_resumes_identically
+
+
+class Numbers(stoker.Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.array([i])
+
+
+SAMPLERS = ["sequential", "random", "random-replacement", "random-num-samples", "subset", "weighted", "distributed"]
+
+
+def make_sampler(kind: str, n: int, generator):
+    if kind == "sequential":
+        return None, False
+    if kind == "random":
+        return None, True
+    if kind == "random-replacement":
+        return stoker.RandomSampler(range(n), replacement=True, num_samples=n + 3, generator=generator), None
+    if kind == "random-num-samples":
+        return stoker.RandomSampler(range(n), num_samples=2 * n + 1, generator=generator), None
+    if kind == "subset":
+        return stoker.SubsetRandomSampler(list(range(0, n, 2)), generator=generator), None
+    if kind == "weighted":
+        return stoker.WeightedRandomSampler(np.linspace(1, 2, n), num_samples=n, generator=generator), None
+    sampler = stoker.DistributedSampler(range(n), num_replicas=2, rank=1, seed=3)
+    sampler.set_epoch(4)
+    return sampler, None
+
+
+def factory(kind: str, n: int, batch_size, last_batch: str, seed, threads: bool):
+    def make_loader(num_workers: int = 0):
+        generator = None if seed is None else seed
+        sampler, shuffle = make_sampler(kind, n, generator)
+        kwargs = {"num_workers": num_workers}
+        if threads and num_workers:
+            kwargs["thread_pool"] = True
+        if batch_size is not None and last_batch != "keep":
+            kwargs["last_batch"] = last_batch
+        return stoker.DataLoader(
+            Numbers(n), batch_size=batch_size, sampler=sampler, shuffle=shuffle,
+            generator=generator if sampler is None else None, **kwargs,
+        )
+
+    return make_loader
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    kind=st.sampled_from(SAMPLERS),
+    n=st.integers(5, 23),
+    batch_size=st.sampled_from([None, 1, 3, 4]),
+    last_batch=st.sampled_from(["keep", "discard", "rollover"]),
+    seeded=st.booleans(),
+    workers=st.sampled_from([[0], [0, 2]]),
+)
+def test_every_interruption_point_resumes_exactly(kind, n, batch_size, last_batch, seeded, workers) -> None:
+    np.random.seed(11)  # the global RNG a generator-less sampler draws from: the same start
+    make = factory(kind, n, batch_size, last_batch, 5 if seeded else None, threads=True)
+    if not seeded:
+        # each run starts from the same global RNG state; the helper's runs follow each other
+        state = np.random.get_state()
+
+        def make_loader(num_workers: int = 0):
+            np.random.set_state(state)
+            return make(num_workers)
+    else:
+        make_loader = make
+    assert_resumes_identically(make_loader, worker_counts=workers, epochs=2)
+
+
+def test_state_is_plain_json_and_small_for_ten_million_samples() -> None:
+    loader = stoker.DataLoader(Numbers(10_000_000), batch_size=64, shuffle=True)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    text = json.dumps(state)
+    assert json.loads(text) == state
+    assert len(text) < 10_000, len(text)
+    assert state["version"] == 1 and state["position"] == 1
+
+
+def test_torch_generator_state_is_under_ten_kilobytes() -> None:
+    torch = pytest.importorskip("torch")
+    import stoker.torch as st_torch
+
+    loader = st_torch.DataLoader(Numbers(10_000_000), batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(1))
+    it = iter(loader)
+    next(it)
+    assert len(json.dumps(loader.state_dict())) < 10_000
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"n": 30}, "dataset_length"),
+        ({"batch_size": 5}, "batch_size"),
+        ({"shuffle": False}, "sampler"),
+        ({"last_batch": "discard"}, "drop_last"),
+    ],
+)
+def test_a_state_from_another_configuration_is_refused_and_changes_nothing(change, named) -> None:
+    base = {"n": 20, "batch_size": 4, "shuffle": True, "last_batch": "keep"}
+    saved_loader = stoker.DataLoader(Numbers(base["n"]), batch_size=4, shuffle=True, generator=1)
+    it = iter(saved_loader)
+    next(it)
+    state = saved_loader.state_dict()
+    config = dict(base, **change)
+    def make():
+        return stoker.DataLoader(
+            Numbers(config["n"]), batch_size=config["batch_size"], shuffle=config["shuffle"],
+            last_batch=config["last_batch"], generator=1,
+        )
+
+    fresh = [b.tolist() for b in make()]
+    other = make()
+    with pytest.raises(ValueError, match=named):
+        other.load_state_dict(state)
+    assert other.state_dict()["position"] == 0  # nothing was applied
+    assert [b.tolist() for b in other] == fresh  # it iterates as if no load had been tried
+
+
+def test_unknown_version_and_garbage_are_refused() -> None:
+    loader = stoker.DataLoader(Numbers(10), batch_size=2)
+    state = loader.state_dict()
+    with pytest.raises(ValueError, match="version 99"):
+        loader.load_state_dict(dict(state, version=99))
+    with pytest.raises(ValueError, match="state_dict"):
+        loader.load_state_dict({"epoch": 1})
+
+
+def test_a_state_saved_with_another_generator_is_refused() -> None:
+    loader = stoker.DataLoader(Numbers(20), batch_size=4, shuffle=True, generator=1)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    state["base_seed"] += 1
+    other = stoker.DataLoader(Numbers(20), batch_size=4, shuffle=True, generator=1)
+    other.load_state_dict(state)
+    with pytest.raises(ValueError, match="another generator"):
+        iter(other)
+
+
+def test_iterable_dataset_state_is_refused_by_name() -> None:
+    class Stream(stoker.IterableDataset):
+        def __iter__(self):
+            return iter(range(3))
+
+    with pytest.raises(TypeError, match="Stream"):
+        stoker.DataLoader(Stream()).state_dict()
+
+
+# torchdata-style ordering of load and iter
+def run_rest(loader) -> list[list[int]]:
+    return [b.ravel().tolist() for b in loader]
+
+
+def test_load_before_iter_and_iter_before_load() -> None:
+    make = lambda: stoker.DataLoader(Numbers(20), batch_size=3, shuffle=True, generator=9)  # noqa: E731
+    reference = run_rest(make())
+    first = make()
+    it = iter(first)
+    head = [next(it).ravel().tolist() for _ in range(3)]
+    state = json.loads(json.dumps(first.state_dict()))
+    # load, then iter: continues
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert resumed.state_dict()["position"] == 3  # the loaded point, before iterating
+    assert head + run_rest(resumed) == reference
+    # iter, then load, then iter again: the iterator made before the load is its own run;
+    # the next iter() continues from the state
+    late = make()
+    early = iter(late)
+    next(early)
+    late.load_state_dict(state)
+    assert head + run_rest(late) == reference
+
+
+def test_the_position_survives_the_iterator_being_dropped() -> None:
+    """Saving after breaking out of the loop must not silently restart the epoch."""
+    make = lambda: stoker.DataLoader(Numbers(20), batch_size=3, shuffle=True, generator=2)  # noqa: E731
+    reference = run_rest(make())
+    loader = make()
+    head = []
+    for batch in loader:
+        head.append(batch.ravel().tolist())
+        if len(head) == 4:
+            break
+    import gc
+
+    gc.collect()
+    resumed = make()
+    resumed.load_state_dict(json.loads(json.dumps(loader.state_dict())))
+    assert head + run_rest(resumed) == reference
+
+
+def test_unordered_delivery_resumes_without_losing_or_repeating() -> None:
+    make = lambda num_workers=2: stoker.DataLoader(  # noqa: E731
+        Numbers(40), batch_size=2, shuffle=True, generator=4, num_workers=num_workers,
+        thread_pool=True, in_order=False,
+    )
+    everything = sorted(i for b in make() for i in b.ravel().tolist())
+    loader = make()
+    it = iter(loader)
+    head = [i for _ in range(7) for i in next(it).ravel().tolist()]
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = [i for b in resumed for i in b.ravel().tolist()]
+    assert sorted(head + rest) == everything
+
+
+def test_user_sampler_without_state_is_replayed_with_one_warning() -> None:
+    class Evens(stoker.Sampler[int]):
+        def __iter__(self):
+            return iter(range(0, 20, 2))
+
+        def __len__(self) -> int:
+            return 10
+
+    make = lambda: stoker.DataLoader(Numbers(20), batch_size=2, sampler=Evens())  # noqa: E731
+    loader = make()
+    it = iter(loader)
+    head = [next(it).ravel().tolist() for _ in range(2)]
+    resumed = make()
+    resumed.load_state_dict(loader.state_dict())
+    with pytest.warns(UserWarning, match="replaying its iterator"):
+        rest = run_rest(resumed)
+    assert head + rest == run_rest(make())
