@@ -51,7 +51,6 @@ class LoaderIterator(Generic[T]):
         # so a shared generator is consumed in the same order.
         self._progress = Progress(plan.index_sampler, plan.seed_source, plan.persistent)
         self._origins = self._progress.origins  # epoch -> what replays its draws
-        self._pending_origin: dict[str, Any] | None = None  # a resumed state's next epoch
         first_source, self._base_seed = self._open_first_epoch()
         self._progress.base_seed = self._base_seed
         self._broken: BaseException | None = None
@@ -99,9 +98,11 @@ class LoaderIterator(Generic[T]):
                 "it was saved with"
             )
         self._origins[plan.first_epoch] = resume["origin"]
-        self._pending_origin = resume.get("next_origin")
+        if resume.get("next_origin") is not None:  # the saved run had drawn its next epoch too
+            self._progress.pending = (plan.first_epoch + 1, resume["next_origin"])
         base = saved if saved is not None else drawn
-        assert base is not None
+        if base is None:  # an epoch whose saved run drew no base seed, in a new iterator
+            base = plan.seed_source.seed64()
         return source, int(base)
 
     # --------------------------------------------------------------- epochs
@@ -130,7 +131,7 @@ class LoaderIterator(Generic[T]):
             scheduler.begin_epoch(None, reset_workers=True)
             return
         number = scheduler.next_epoch_number
-        origin, self._pending_origin = self._pending_origin, None
+        origin = self._progress.take_pending(number)
         if origin is not None:
             source, _ = open_epoch(plan.index_sampler, plan.seed_source, origin, 0)
         else:

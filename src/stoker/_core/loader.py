@@ -406,6 +406,12 @@ class DataLoader(Generic[T_co]):
             return self._iterator
         warn_if_too_many_workers(self.num_workers, stacklevel=3)
         resume, self._resume = self._resume, None
+        if resume is None and self._latest is not None:
+            # a resumed run whose next epoch the saved run had already drawn (prefetched by
+            # persistent workers), continued by a new iterator
+            origin = self._latest.take_pending(self._epochs_started)
+            if origin is not None:
+                resume = {"epoch": self._epochs_started, "position": 0, "origin": origin, "drawn": True, "base_seed": None}
         iterator: LoaderIterator[Any] = LoaderIterator(self._plan(resume))
         self._latest = iterator.progress
         self._epochs_started += 1

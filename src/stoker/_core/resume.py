@@ -42,6 +42,14 @@ class Progress:
     origins: dict[int, dict[str, Any]] = field(default_factory=dict)  # epoch -> its draws' origin
     scheduler: Any = None
     started: bool = True  # the delivering epoch was handed to the consumer by iter()
+    pending: tuple[int, dict[str, Any]] | None = None  # a resumed state's next epoch, already drawn
+
+    def take_pending(self, epoch: int) -> dict[str, Any] | None:
+        """The saved origin of `epoch`, once, if the resumed state had drawn it."""
+        if self.pending is not None and self.pending[0] == epoch:
+            origin, self.pending = self.pending[1], None
+            return origin
+        return None
 
     def point(self) -> dict[str, Any] | None:
         """Where a resumed iterator continues, or None when no epoch is under way and the
