@@ -7,6 +7,7 @@ whose batches are torch tensors, exactly as `torch.utils.data` makes them.
 
 from ._core.errors import WorkerDiedError, WorkerError, WorkerRestartWarning
 from ._core.loader import DataLoader
+from ._core.seeding import sample_rng, sample_seed
 from ._core.worker import WorkerInfo, get_worker_info
 from ._data.collate import collate, default_collate, default_collate_fn_map, default_convert
 from ._data.datasets import (
@@ -59,4 +60,6 @@ __all__ = [
     "default_convert",
     "get_worker_info",
     "random_split",
+    "sample_rng",
+    "sample_seed",
 ]

@@ -1,10 +1,11 @@
 """The drop-in flavour: `from stoker.torch import DataLoader` replaces
 `from torch.utils.data import DataLoader`.
 
-Same names as `torch.utils.data` (plus `get_worker_info`). Batches are torch tensors made
-exactly as torch's `default_collate` makes them, and randomness without an explicit
-`generator` comes from torch's global RNG, so `torch.manual_seed` reproduces a run the way
-it does with torch. Needs torch (`pip install stoker[torch]`).
+Same names as `torch.utils.data` (plus `get_worker_info`, and stoker's `sample_seed` and
+`sample_rng`). Batches are torch tensors made exactly as torch's `default_collate` makes
+them, and randomness without an explicit `generator` comes from torch's global RNG, so
+`torch.manual_seed` reproduces a run the way it does with torch. Needs torch
+(`pip install stoker[torch]`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 
 from ._core import loader as _loader
 from ._core.errors import WorkerDiedError, WorkerError, WorkerRestartWarning
+from ._core.seeding import sample_rng, sample_seed
 from ._core.worker import WorkerInfo, get_worker_info
 from ._data import datasets as _datasets
 from ._data import distributed as _distributed
@@ -120,4 +122,6 @@ __all__ = [
     "default_convert",
     "get_worker_info",
     "random_split",
+    "sample_rng",
+    "sample_seed",
 ]

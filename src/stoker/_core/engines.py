@@ -48,6 +48,7 @@ from .fetch import EndOfStream, make_fetcher
 from .parent import ParentWatch
 from .plan import LoadPlan
 from .protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
+from .seeding import restore_globals, seed_main_globals
 from .sharing import Packed
 from .transport import PickleTransport, Transport
 from .worker import WorkerConfig, process_main, run_worker
@@ -143,8 +144,15 @@ class SerialEngine(_NoRestart):
 
     def __init__(self, config: WorkerConfig) -> None:
         self._fetcher = make_fetcher(
-            config.dataset_kind, config.dataset, config.auto_collation, config.collate_fn, config.drop_last
+            config.dataset_kind,
+            config.dataset,
+            config.auto_collation,
+            config.collate_fn,
+            config.drop_last,
+            base_seed=config.base_seed,
         )
+        self._base_seed = config.base_seed
+        self._seed_each_batch = config.seed_each_batch
         self._queue: deque[Request] = deque()
 
     def start(self) -> None:
@@ -163,12 +171,19 @@ class SerialEngine(_NoRestart):
                 self._fetcher.reset()
                 continue
             assert isinstance(message, Task)
+            epoch, batch = message.epoch, message.batch
+            # seed_each_batch: seed the global RNGs as a worker process would, and give the
+            # caller back its own states afterwards, whatever the fetch did
+            saved = seed_main_globals(self._base_seed, epoch, batch) if self._seed_each_batch else None
             try:
-                return [(0, Done(message.task_id, self._fetcher.fetch(message.index)))]
+                return [(0, Done(message.task_id, self._fetcher.fetch(message.index, epoch, batch)))]
             except EndOfStream:
                 return [(0, Exhausted(message.task_id))]
             except Exception as exc:  # re-raised unchanged by the iterator, as torch does
                 return [(0, Failed(message.task_id, ExceptionInfo.unchanged(exc)))]
+            finally:
+                if saved is not None:
+                    restore_globals(saved)
         return []
 
     def dead(self) -> list[Death]:

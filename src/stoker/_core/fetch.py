@@ -1,36 +1,100 @@
-"""Fetchers: turn a task's index into a collated batch. Shared by every engine."""
+"""Fetchers: turn a task's index into a collated batch. Shared by every engine.
+
+Each fetch runs inside a `seeding.FetchScope`, which the fetcher moves from sample to
+sample, so that `stoker.sample_seed()` / `stoker.sample_rng()` called by the dataset
+derive from (base seed, epoch, sample index) — or, for a dataset that fetches whole batches
+with `__getitems__`, and in the collate_fn, from (base seed, epoch, batch position).
+"""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from .._data.datasets import StackDataset, Subset
+from .seeding import BATCH, ITEM, SAMPLE, FetchScope, enter, leave
 
 
 class EndOfStream(Exception):
     """The iterable dataset replica has no further batch this epoch."""
 
 
+def _pass_through(dataset: Any) -> list[Any] | None:
+    """The datasets that `dataset.__getitems__` hands a batch on to, when it is stoker's or
+    torch's own Subset or StackDataset (whose `__getitems__` only passes a batch through);
+    None for any other `__getitems__`."""
+    method = getattr(type(dataset), "__getitems__", None)
+    if method is None:
+        return None
+    subsets: list[Any] = [Subset.__getitems__]
+    stacks: list[Any] = [StackDataset.__getitems__]
+    torch_data = sys.modules.get("torch.utils.data")
+    if torch_data is not None:
+        subsets.append(getattr(getattr(torch_data, "Subset", None), "__getitems__", None))
+        stacks.append(getattr(getattr(torch_data, "StackDataset", None), "__getitems__", None))
+    if method in subsets:
+        return [dataset.dataset]
+    if method in stacks:
+        inner = dataset.datasets
+        return list(inner.values()) if isinstance(inner, dict) else list(inner)
+    return None
+
+
+def fetches_batches(dataset: Any, depth: int = 0) -> bool:
+    """Whether fetching a batch of `dataset` through its `__getitems__` reaches a
+    `__getitems__` of the user's: a Subset or StackDataset of per-sample datasets is
+    fetched per sample instead (same samples), so that each sample gets its own seed."""
+    if not callable(getattr(dataset, "__getitems__", None)):
+        return False
+    inner = _pass_through(dataset)
+    if inner is None or depth > 100:
+        return True
+    return any(fetches_batches(d, depth + 1) for d in inner)
+
+
 class MapFetcher:
     """Fetches samples of a map-style dataset by index and collates them."""
 
-    def __init__(self, dataset: Any, auto_collation: bool, collate_fn: Callable[[Any], Any]) -> None:
+    def __init__(
+        self, dataset: Any, auto_collation: bool, collate_fn: Callable[[Any], Any], base_seed: int = 0
+    ) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
-        self._getitems = getattr(dataset, "__getitems__", None) if auto_collation else None
+        self.base_seed = base_seed
+        self._getitems = (
+            getattr(dataset, "__getitems__", None) if auto_collation and fetches_batches(dataset) else None
+        )
 
     def reset(self) -> None:
         """A new epoch; map-style fetching keeps no state."""
 
-    def fetch(self, index: Any) -> Any:
-        if not self.auto_collation:
-            return self.collate_fn(self.dataset[index])
-        if self._getitems is not None:
-            samples = self._getitems(index)
-        else:
-            dataset = self.dataset
-            samples = [dataset[i] for i in index]
-        return self.collate_fn(samples)
+    def fetch(self, index: Any, epoch: int = 0, batch: int = 0) -> Any:
+        scope = FetchScope(self.base_seed, epoch)
+        previous = enter(scope)
+        try:
+            if not self.auto_collation:
+                scope.at(SAMPLE, index)
+                sample = self.dataset[index]
+                scope.at(BATCH, batch)
+                return self.collate_fn(sample)
+            if self._getitems is not None:
+                scope.at(BATCH, batch)
+                samples = self._getitems(index)
+            else:
+                dataset = self.dataset
+                samples = []
+                append = samples.append
+                scope.tag = SAMPLE
+                for i in index:
+                    scope.key = i  # this sample's seed, made only if asked for
+                    scope.made = None
+                    append(dataset[i])
+                scope.at(BATCH, batch)
+            return self.collate_fn(samples)
+        finally:
+            leave(previous)
 
 
 class IterableFetcher:
@@ -41,54 +105,92 @@ class IterableFetcher:
     """
 
     def __init__(
-        self, dataset: Any, auto_collation: bool, collate_fn: Callable[[Any], Any], drop_last: bool
+        self,
+        dataset: Any,
+        auto_collation: bool,
+        collate_fn: Callable[[Any], Any],
+        drop_last: bool,
+        base_seed: int = 0,
+        worker_id: int = 0,
     ) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
         self.drop_last = drop_last
+        self.base_seed = base_seed
+        self.worker_id = worker_id
         self._iterator: Iterator[Any] | None = None
         self._ended = False
+        self._drawn = 0  # items the replica made this epoch: the key of the next one's seed
 
     def reset(self) -> None:
         """Start a new epoch: the next fetch iterates the dataset afresh."""
         self._iterator = None
         self._ended = False
+        self._drawn = 0
 
-    def fetch(self, count: int | None) -> Any:
+    def fetch(self, count: int | None, epoch: int = 0, batch: int = 0) -> Any:
         if self._ended:
             raise EndOfStream
+        scope = FetchScope(self.base_seed, epoch)
+        previous = enter(scope)
+        try:
+            return self._fetch(scope, count, batch)
+        finally:
+            leave(previous)
+
+    def _fetch(self, scope: FetchScope, count: int | None, batch: int) -> Any:
+        worker_id = self.worker_id
         if self._iterator is None:
             # A replica whose __iter__ raises reports it once and is then exhausted for the
             # epoch; calling __iter__ again for every later task would repeat the error.
             self._ended = True
+            scope.at(ITEM, (worker_id,))
             self._iterator = iter(self.dataset)
             self._ended = False
         iterator = self._iterator
         if not self.auto_collation:
+            scope.at(ITEM, (worker_id, self._drawn))
             try:
                 sample = next(iterator)
             except StopIteration:
                 self._ended = True
                 raise EndOfStream from None
+            self._drawn += 1
+            scope.at(BATCH, batch)
             return self.collate_fn(sample)
         assert count is not None
         samples: list[Any] = []
         append = samples.append
+        scope.tag = ITEM
+        drawn = self._drawn
         try:
             for _ in range(count):
+                scope.key = (worker_id, drawn)  # this item's seed, made only if asked for
+                scope.made = None
                 append(next(iterator))
+                drawn += 1
         except StopIteration:
             self._ended = True
             if not samples or self.drop_last:
                 raise EndOfStream from None
+        finally:
+            self._drawn = drawn
+        scope.at(BATCH, batch)
         return self.collate_fn(samples)
 
 
 def make_fetcher(
-    dataset_kind: str, dataset: Any, auto_collation: bool, collate_fn: Callable[[Any], Any], drop_last: bool
+    dataset_kind: str,
+    dataset: Any,
+    auto_collation: bool,
+    collate_fn: Callable[[Any], Any],
+    drop_last: bool,
+    base_seed: int = 0,
+    worker_id: int = 0,
 ) -> MapFetcher | IterableFetcher:
-    """The fetcher for a dataset kind ("map" or "iterable")."""
+    """The fetcher for a dataset kind ("map" or "iterable"); `base_seed` and `worker_id`
+    are what `sample_seed()` / `sample_rng()` derive from (see seeding)."""
     if dataset_kind == "map":
-        return MapFetcher(dataset, auto_collation, collate_fn)
-    return IterableFetcher(dataset, auto_collation, collate_fn, drop_last)
+        return MapFetcher(dataset, auto_collation, collate_fn, base_seed)
+    return IterableFetcher(dataset, auto_collation, collate_fn, drop_last, base_seed, worker_id)

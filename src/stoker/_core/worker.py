@@ -1,4 +1,5 @@
-"""The loop every worker runs, `WorkerInfo`, `get_worker_info` and worker seeding.
+"""The loop every worker runs, `WorkerInfo`, `get_worker_info` and worker seeding
+(per-batch and per-sample seeding: see seeding).
 
 `run_worker(config, receive, send)` is a plain function of one frozen `WorkerConfig` and
 two channel callables, so it runs the same in a thread, in a process, or in a test with
@@ -28,6 +29,7 @@ from .errors import ExceptionInfo, describe_index
 from .fetch import EndOfStream, make_fetcher
 from .parent import ParentWatch
 from .protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
+from .seeding import seed_batch_globals
 from .threads import limit_worker_pools
 
 T_co = TypeVar("T_co", covariant=True)
@@ -110,8 +112,17 @@ def run_worker(
     iterable = config.dataset_kind == "iterable"
     init_error: ExceptionInfo | None = None
     fetcher = make_fetcher(
-        config.dataset_kind, config.dataset, config.auto_collation, config.collate_fn, config.drop_last
+        config.dataset_kind,
+        config.dataset,
+        config.auto_collation,
+        config.collate_fn,
+        config.drop_last,
+        base_seed=config.base_seed,
+        worker_id=config.worker_id,
     )
+    # seed_each_batch: a process worker seeds its global RNGs before each batch (thread
+    # workers share the process's: the loader refuses that combination)
+    batch_seed = config.base_seed if config.seed_each_batch and not config.thread else None
     try:
         if not config.thread:
             seed_globals(config.base_seed, config.worker_id)
@@ -133,10 +144,10 @@ def run_worker(
                 continue
             assert isinstance(message, Task)
             if around_fetch is None:
-                reply = _serve(fetcher, message, init_error, label, iterable, config.thread)
+                reply = _serve(fetcher, message, init_error, label, iterable, config.thread, batch_seed)
             else:
                 with around_fetch(message):
-                    reply = _serve(fetcher, message, init_error, label, iterable, config.thread)
+                    reply = _serve(fetcher, message, init_error, label, iterable, config.thread, batch_seed)
             send(reply)
             del reply
     finally:
@@ -145,12 +156,21 @@ def run_worker(
 
 
 def _serve(
-    fetcher: Any, task: Task, init_error: ExceptionInfo | None, label: str, iterable: bool, thread: bool
+    fetcher: Any,
+    task: Task,
+    init_error: ExceptionInfo | None,
+    label: str,
+    iterable: bool,
+    thread: bool,
+    batch_seed: int | None = None,
 ) -> Reply:
+    """Fetch one task; `batch_seed` (the base seed, or None) seeds the global RNGs first."""
     if init_error is not None:
         return Failed(task.task_id, init_error)
     try:
-        return Done(task.task_id, fetcher.fetch(task.index))
+        if batch_seed is not None:
+            seed_batch_globals(batch_seed, task.epoch, task.batch)
+        return Done(task.task_id, fetcher.fetch(task.index, task.epoch, task.batch))
     except EndOfStream:
         return Exhausted(task.task_id)
     except Exception as exc:
