@@ -247,3 +247,62 @@ def test_user_sampler_without_state_is_replayed_with_one_warning() -> None:
     with pytest.warns(UserWarning, match="replaying its iterator"):
         rest = run_rest(resumed)
     assert head + rest == run_rest(make())
+
+
+# ------------------------------------------------------------ elastic resume
+def rank_loader(world: int, rank: int, n: int = 50, drop_last: bool = False):
+    sampler = stoker.DistributedSampler(Numbers(n), num_replicas=world, rank=rank, seed=7, drop_last=drop_last)
+    sampler.set_epoch(3)
+    return stoker.DataLoader(Numbers(n), batch_size=2, sampler=sampler), sampler
+
+
+@pytest.mark.parametrize(("old_world", "new_world", "steps"), [(4, 3, 3), (2, 5, 4), (3, 3, 2), (4, 2, 0)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_elastic_resume_gives_the_new_world_exactly_what_no_old_rank_took(old_world, new_world, steps, drop_last) -> None:
+    n = 50
+    consumed: list[int] = []
+    states = []
+    for rank in range(old_world):  # every rank saves at the same step, as DDP loops do
+        loader, _ = rank_loader(old_world, rank, n, drop_last)
+        it = iter(loader)
+        for _ in range(steps):
+            consumed += next(it).ravel().tolist()
+        states.append(json.loads(json.dumps(loader.state_dict())))
+    rest: list[int] = []
+    for rank in range(new_world):
+        loader, sampler = rank_loader(new_world, rank, n, drop_last)
+        loader.load_state_dict(states[0])  # every new rank loads rank 0's state
+        mine = [i for batch in loader for i in batch.ravel().tolist()]
+        rest += mine
+        # the epoch after is the new world's ordinary one
+        sampler.set_epoch(4)
+        fresh, fresh_sampler = rank_loader(new_world, rank, n, drop_last)
+        fresh_sampler.set_epoch(4)
+        assert [b.tolist() for b in loader] == [b.tolist() for b in fresh]
+    taken = set(consumed)
+    assert not taken & set(rest), "a sample consumed before the resume came again"
+    expected = set(range(n))
+    if drop_last:  # the old world's dropped tail, and the new world's, are not read this epoch
+        assert taken | set(rest) <= expected
+        assert len(expected - (taken | set(rest))) < old_world + new_world
+    else:
+        assert taken | set(rest) == expected, "a sample was lost"
+    # repeats only from padding to equal shards (fewer than a world's size)
+    assert len(rest) - len(set(rest)) < new_world
+
+
+def test_elastic_resume_refuses_rollover_and_changes_nothing() -> None:
+    loader = stoker.DataLoader(
+        Numbers(20), batch_size=3, last_batch="rollover",
+        sampler=stoker.DistributedSampler(Numbers(20), num_replicas=2, rank=0),
+    )
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    other = stoker.DataLoader(
+        Numbers(20), batch_size=3, last_batch="rollover",
+        sampler=stoker.DistributedSampler(Numbers(20), num_replicas=3, rank=0),
+    )
+    with pytest.raises(ValueError, match="rollover"):
+        other.load_state_dict(state)
+    assert other.batch_sampler.sampler._elastic is None

@@ -29,8 +29,8 @@ from .._data.samplers import (
 from .arena import Arena, arena_limit
 from .iterator import LoaderIterator
 from .plan import LoadPlan
+from .resume import ELASTIC_KEYS, Progress, capture_epoch, make_elastic
 from .resume import VERSION as STATE_VERSION
-from .resume import Progress, capture_epoch
 from .resume import check as check_resume
 from .resume import describe as describe_resume
 
@@ -450,10 +450,14 @@ class DataLoader(Generic[T_co]):
         """Continue from a `state_dict()`: the next `iter()` yields exactly the batches the
         saved run would have yielded next, and the epochs after match too. A state from
         another configuration raises ValueError saying what differs, and changes nothing."""
-        check_resume(state, describe_resume(self._plan()))
+        plan = self._plan()
+        config = describe_resume(plan)
+        check_resume(state, config)
         for key in ("epoch", "position", "origin"):
             if key not in state:
                 raise ValueError(f"this DataLoader state lacks {key!r}; it was not applied")
+        if any(state["config"].get(key) != config.get(key) for key in ELASTIC_KEYS):
+            state = make_elastic(state, plan.index_sampler, plan.batch_size)
         if self._iterator is not None:  # a persistent iterator would go on from its own point
             self._iterator.close()
             self._iterator = None

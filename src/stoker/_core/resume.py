@@ -203,11 +203,43 @@ def describe(plan: Any) -> dict[str, Any]:
         "sampler": type(inner).__name__ if inner is not None else None,
         "last_batch": getattr(index_sampler, "last_batch", None),
     }
-    for part in (index_sampler, inner):
-        if part is not None and hasattr(part, "num_replicas"):
-            config["num_replicas"] = part.num_replicas
-            config["rank"] = part.rank
+    sharded = distributed_sampler(index_sampler)
+    if sharded is not None:
+        config["num_replicas"] = sharded.num_replicas
+        config["rank"] = sharded.rank
+        config["total_size"] = sharded.total_size
     return config
+
+
+ELASTIC_KEYS = ("num_replicas", "rank", "total_size")  # may differ: an elastic resume
+
+
+def distributed_sampler(index_sampler: Any) -> Any:
+    """The DistributedSampler the loader's indices come from, if any."""
+    from .._data.distributed import DistributedSampler
+
+    for part in (index_sampler, _inner(index_sampler)):
+        if isinstance(part, DistributedSampler):
+            return part
+    return None
+
+
+def make_elastic(state: dict[str, Any], index_sampler: Any, batch_size: int | None) -> dict[str, Any]:
+    """A state saved by a rank of another world (size or rank) made into this rank's: the
+    rest of the saved epoch is what no old rank consumed, split over this world's ranks."""
+    sharded = distributed_sampler(index_sampler)
+    config = state["config"]
+    if getattr(index_sampler, "last_batch", None) == "rollover":
+        raise ValueError("an elastic resume (another world size or rank) cannot carry rollover indices")
+    if state.get("delivered_after"):
+        raise ValueError(
+            "an elastic resume (another world size or rank) needs a state saved with in_order=True"
+        )
+    consumed = int(state["position"]) * (batch_size or 1)
+    sharded.resume_elastic(consumed, config["num_replicas"], config["total_size"])
+    elastic = dict(state, position=0, delivered_after=[], next_origin=None)
+    elastic["config"] = dict(config, **{key: getattr(sharded, key) for key in ELASTIC_KEYS})
+    return elastic
 
 
 def check(state: Any, config: dict[str, Any]) -> None:
@@ -222,7 +254,7 @@ def check(state: Any, config: dict[str, Any]) -> None:
     differ = [
         f"{key}: saved {saved.get(key)!r}, this loader {value!r}"
         for key, value in config.items()
-        if saved.get(key) != value
+        if saved.get(key) != value and key not in ELASTIC_KEYS
     ]
     if differ:
         raise ValueError(

@@ -89,7 +89,35 @@ class DistributedSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         return self._iter_from(0)
 
+    def _pad(self, indices: list[int], total: int) -> list[int]:
+        if not self.drop_last:
+            padding = total - len(indices)
+            if indices and padding > 0:
+                indices = indices + (indices * math.ceil(padding / len(indices)))[:padding]
+            return indices
+        return indices[:total]
+
+    def resume_elastic(self, consumed: int, old_replicas: int, old_total: int) -> None:
+        """The next iteration is the rest of an epoch that `old_replicas` ranks (another world
+        size) had each consumed `consumed` samples of: the samples none of them took, split
+        over this world's ranks; the epochs after are ordinary."""
+        self._elastic = (int(consumed), int(old_replicas), int(old_total))
+
+    _elastic: tuple[int, int, int] | None = None
+
+    def _rest_of_elastic_epoch(self) -> list[int]:
+        consumed, old_replicas, old_total = self._elastic  # type: ignore[misc]
+        # ranks take interleaved indices, so together they took the first consumed x world
+        rest = self._order()[min(consumed * old_replicas, old_total) : old_total]
+        per_rank = len(rest) // self.num_replicas if self.drop_last else math.ceil(len(rest) / self.num_replicas)
+        total = per_rank * self.num_replicas
+        return self._pad(rest, total)[self.rank : total : self.num_replicas]
+
     def _iter_from(self, skip: int) -> Iterator[int]:
+        if self._elastic is not None:
+            shard = self._rest_of_elastic_epoch()
+            self._elastic = None
+            return iter(shard[skip:])
         indices = self._order()
         if not self.drop_last:
             padding = self.total_size - len(indices)
@@ -100,6 +128,8 @@ class DistributedSampler(Sampler[int]):
         return iter(indices[self.rank : self.total_size : self.num_replicas][skip:])
 
     def __len__(self) -> int:
+        if self._elastic is not None:
+            return len(self._rest_of_elastic_epoch())
         return self.num_samples
 
     def set_epoch(self, epoch: int) -> None:
