@@ -24,6 +24,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/stoker bench
 	$(PY) benchmarks/close_times.py
+	$(PY) benchmarks/resume_cost.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests $(wildcard benchmarks)
