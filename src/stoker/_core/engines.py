@@ -44,14 +44,14 @@ from typing import Any, Protocol
 
 from .arena import Arena, ArenaLink, arena_limit
 from .errors import ExceptionInfo
-from .fetch import EndOfStream, make_fetcher
+from .fetch import EndOfStream
 from .parent import ParentWatch
 from .plan import LoadPlan
 from .protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
 from .seeding import restore_globals, seed_main_globals
 from .sharing import Packed
 from .transport import PickleTransport, Transport
-from .worker import WorkerConfig, process_main, run_worker
+from .worker import WorkerConfig, fetcher_for, process_main, run_worker
 
 JOIN_TIMEOUT_S = 2.0
 TERMINATE_TIMEOUT_S = 1.0
@@ -143,14 +143,7 @@ class SerialEngine(_NoRestart):
     num_workers = 1
 
     def __init__(self, config: WorkerConfig) -> None:
-        self._fetcher = make_fetcher(
-            config.dataset_kind,
-            config.dataset,
-            config.auto_collation,
-            config.collate_fn,
-            config.drop_last,
-            base_seed=config.base_seed,
-        )
+        self._fetcher = fetcher_for(config)
         self._base_seed = config.base_seed
         self._seed_each_batch = config.seed_each_batch
         self._queue: deque[Request] = deque()

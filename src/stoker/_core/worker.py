@@ -26,7 +26,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from .errors import ExceptionInfo, describe_index
-from .fetch import EndOfStream, make_fetcher
+from .fetch import EndOfStream, IterableFetcher, MapFetcher, make_fetcher
 from .parent import ParentWatch
 from .protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
 from .seeding import seed_batch_globals
@@ -88,6 +88,19 @@ def seed_globals(base_seed: int, worker_id: int) -> None:
         torch.manual_seed(seed)
 
 
+def fetcher_for(config: WorkerConfig) -> MapFetcher | IterableFetcher:
+    """The fetcher a worker (or the main process, with num_workers=0) runs for a config."""
+    return make_fetcher(
+        config.dataset_kind,
+        config.dataset,
+        config.auto_collation,
+        config.collate_fn,
+        config.drop_last,
+        base_seed=config.base_seed,
+        worker_id=config.worker_id,
+    )
+
+
 def run_worker(
     config: WorkerConfig,
     receive: Callable[[float], Request | None],
@@ -111,15 +124,7 @@ def run_worker(
     label = f"in DataLoader {kind} {config.worker_id} (pid {os.getpid()})"
     iterable = config.dataset_kind == "iterable"
     init_error: ExceptionInfo | None = None
-    fetcher = make_fetcher(
-        config.dataset_kind,
-        config.dataset,
-        config.auto_collation,
-        config.collate_fn,
-        config.drop_last,
-        base_seed=config.base_seed,
-        worker_id=config.worker_id,
-    )
+    fetcher = fetcher_for(config)
     # seed_each_batch: a process worker seeds its global RNGs before each batch (thread
     # workers share the process's: the loader refuses that combination)
     batch_seed = config.base_seed if config.seed_each_batch and not config.thread else None
