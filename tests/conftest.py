@@ -117,3 +117,14 @@ def no_leaks(_leak_check: Snapshot) -> Snapshot:
 @pytest.fixture(params=START_METHODS)
 def start_method(request):
     return request.param
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_info_left_in_this_process():
+    """Tests that run the worker loop in-process set the process-wide WorkerInfo a worker
+    process would have; it must not leak into later tests (get_worker_info() in the main
+    process is None), nor into the workers they fork."""
+    yield
+    from stoker._core import worker
+
+    worker._process_info = None

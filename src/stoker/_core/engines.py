@@ -96,6 +96,9 @@ class Engine(Protocol):
 def make_engine(plan: LoadPlan, base_seed: int) -> Engine:
     """The engine for a plan: inline, threads or processes, with its workers' configs."""
 
+    saved = (plan.resume or {}).get("iterable") or {}
+    replicas = [None if r is None else (r[0], int(r[1])) for r in saved.get("replicas", [])]
+
     def configs(count: int, thread: bool) -> list[WorkerConfig]:
         return [
             WorkerConfig(
@@ -110,6 +113,7 @@ def make_engine(plan: LoadPlan, base_seed: int) -> Engine:
                 worker_init_fn=plan.worker_init_fn,
                 thread=thread,
                 seed_each_batch=plan.seed_each_batch,
+                replica_resume=replicas[worker_id] if worker_id < len(replicas) else None,
             )
             for worker_id in range(count)
         ]

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._data.datasets import StackDataset, Subset
+from .protocol import ReplicaBatch
 from .seeding import BATCH, ITEM, SAMPLE, FetchScope, enter, leave
 
 
@@ -112,6 +113,7 @@ class IterableFetcher:
         drop_last: bool,
         base_seed: int = 0,
         worker_id: int = 0,
+        resume: tuple[Any, int] | None = None,
     ) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
@@ -122,6 +124,9 @@ class IterableFetcher:
         self._iterator: Iterator[Any] | None = None
         self._ended = False
         self._drawn = 0  # items the replica made this epoch: the key of the next one's seed
+        # a replica with state_dict/load_state_dict reports its state with every batch
+        self.stateful = hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict")
+        self._resume = resume  # (state, items drawn) to restore before the first iteration
 
     def reset(self) -> None:
         """Start a new epoch: the next fetch iterates the dataset afresh."""
@@ -135,9 +140,12 @@ class IterableFetcher:
         scope = FetchScope(self.base_seed, epoch)
         previous = enter(scope)
         try:
-            return self._fetch(scope, count, batch)
+            made = self._fetch(scope, count, batch)
         finally:
             leave(previous)
+        if self.stateful:
+            return ReplicaBatch(made, self.dataset.state_dict(), self._drawn)
+        return made
 
     def _fetch(self, scope: FetchScope, count: int | None, batch: int) -> Any:
         worker_id = self.worker_id
@@ -146,6 +154,10 @@ class IterableFetcher:
             # epoch; calling __iter__ again for every later task would repeat the error.
             self._ended = True
             scope.at(ITEM, (worker_id,))
+            if self._resume is not None:  # a resumed epoch: the replica continues where it was
+                state, self._drawn = self._resume
+                self._resume = None
+                self.dataset.load_state_dict(state)
             self._iterator = iter(self.dataset)
             self._ended = False
         iterator = self._iterator
@@ -188,9 +200,11 @@ def make_fetcher(
     drop_last: bool,
     base_seed: int = 0,
     worker_id: int = 0,
+    resume: tuple[Any, int] | None = None,
 ) -> MapFetcher | IterableFetcher:
     """The fetcher for a dataset kind ("map" or "iterable"); `base_seed` and `worker_id`
-    are what `sample_seed()` / `sample_rng()` derive from (see seeding)."""
+    are what `sample_seed()` / `sample_rng()` derive from (see seeding); `resume` is an
+    iterable replica's saved (state, items drawn)."""
     if dataset_kind == "map":
         return MapFetcher(dataset, auto_collation, collate_fn, base_seed)
-    return IterableFetcher(dataset, auto_collation, collate_fn, drop_last, base_seed, worker_id)
+    return IterableFetcher(dataset, auto_collation, collate_fn, drop_last, base_seed, worker_id, resume)

@@ -33,8 +33,8 @@ from .engines import Death, Engine, make_engine
 from .errors import ExceptionInfo, WorkerDiedError, WorkerRestartWarning, describe_index
 from .pin import PinThread, device_setup, pin_function
 from .plan import LoadPlan
-from .protocol import Done, Failed, Task
-from .resume import Progress, capture_epoch, open_epoch
+from .protocol import Done, Failed, ReplicaBatch, Task
+from .resume import Progress, capture_epoch, open_epoch, recording, stateful_user_sampler
 from .scheduler import Owed, Scheduler
 
 T = TypeVar("T")
@@ -49,7 +49,11 @@ class LoaderIterator(Generic[T]):
         self._plan = plan
         # The sampler's iterator exists before the workers' base seed is drawn, as in torch,
         # so a shared generator is consumed in the same order.
-        self._progress = Progress(plan.index_sampler, plan.seed_source, plan.persistent)
+        self._progress = Progress(
+            None if plan.iterable else plan.index_sampler, plan.seed_source, plan.persistent,
+            num_workers=plan.num_workers,
+        )
+        self._replica_of: dict[int, tuple[int, list[Any]]] = {}  # task -> (worker, [state, drawn])
         self._origins = self._progress.origins  # epoch -> what replays its draws
         first_source, self._base_seed = self._open_first_epoch()
         self._progress.base_seed = self._base_seed
@@ -72,21 +76,31 @@ class LoaderIterator(Generic[T]):
         self._scheduler = Scheduler(
             workers, plan.window, plan.in_order, first_epoch=plan.first_epoch, **iterable_index
         )
-        start, skip = 0, []
+        start, skip, first_worker = 0, [], 0
         if plan.resume is not None:
             start, skip = plan.resume["position"], plan.resume.get("delivered_after", [])
-        self._scheduler.begin_epoch(first_source, start=start, skip=skip)
+            first_worker = (plan.resume.get("iterable") or {}).get("next_worker", 0)
+        self._scheduler.begin_epoch(first_source, start=start, skip=skip, first_worker=first_worker)
         self._progress.scheduler = self._scheduler
         self._pump()
 
     def _open_first_epoch(self) -> tuple[Any, int]:
         plan = self._plan
-        if plan.iterable:
-            return None, int(plan.seed_source.seed64())
         resume = plan.resume
+        if plan.iterable:  # the replicas restore their own states (see engines)
+            if resume is not None and resume.get("origin") is not None:
+                # redraw the base seed, so that the loader's generator goes on as it did
+                _, drawn = open_epoch(None, plan.seed_source, resume["origin"], 0, resume.get("drawn", True))
+                self._origins[plan.first_epoch] = resume["origin"]
+                base = resume["base_seed"] if resume.get("base_seed") is not None else drawn
+                assert base is not None
+                return None, int(base)
+            self._origins[plan.first_epoch] = capture_epoch(None, plan.seed_source, draws_seed=True)
+            return None, int(plan.seed_source.seed64())
         if resume is None:
             self._origins[plan.first_epoch] = capture_epoch(plan.index_sampler, plan.seed_source, draws_seed=True)
-            return iter(plan.index_sampler), int(plan.seed_source.seed64())
+            source = self._recorded(iter(plan.index_sampler), plan.first_epoch, 0)
+            return source, int(plan.seed_source.seed64())
         source, drawn = open_epoch(
             plan.index_sampler, plan.seed_source, resume["origin"], resume["position"], resume.get("drawn", True)
         )
@@ -98,6 +112,7 @@ class LoaderIterator(Generic[T]):
                 "it was saved with"
             )
         self._origins[plan.first_epoch] = resume["origin"]
+        source = self._recorded(source, plan.first_epoch, resume["position"])
         if resume.get("next_origin") is not None:  # the saved run had drawn its next epoch too
             self._progress.pending = (plan.first_epoch + 1, resume["next_origin"])
         base = saved if saved is not None else drawn
@@ -116,11 +131,15 @@ class LoaderIterator(Generic[T]):
         scheduler = self._scheduler
         if scheduler.current_epoch is not None and self._started_current:
             dropped = scheduler.abandon_epoch()  # dropped half-way: its results are discarded
+            for task_id in dropped:
+                self._replica_of.pop(task_id, None)
             if self._pinner is not None:
                 for task_id in dropped:
                     self._pinner.discard(task_id)
         if scheduler.current_epoch is None:
             self._begin_epoch()
+        self._progress.replicas.clear()  # the replicas' states of the epoch now delivering
+        self._progress.last_worker = None
         self._started_current = True
         self._pump()
 
@@ -140,8 +159,17 @@ class LoaderIterator(Generic[T]):
         current = scheduler.current_epoch
         for old in [e for e in self._origins if e < (number if current is None else current)]:
             del self._origins[old]
+            self._progress.user_states.pop(old, None)
         self._origins[number] = origin
-        scheduler.begin_epoch(source)
+        scheduler.begin_epoch(self._recorded(source, number, 0))
+
+    def _recorded(self, source: Any, epoch: int, start: int) -> Any:
+        """A user's stateful sampler has its state recorded after each batch is drawn."""
+        user = stateful_user_sampler(self._plan.index_sampler)
+        if user is None:
+            return source
+        record = self._progress.user_states.setdefault(epoch, {})
+        return recording(source, user, record, start, keep=self._plan.window + 2)
 
     @property
     def progress(self) -> Progress:
@@ -206,6 +234,10 @@ class LoaderIterator(Generic[T]):
                 wait = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, deadline - time.monotonic())
                 replies = engine.poll(max(wait, 0.0))
                 for worker_id, reply in replies:
+                    if isinstance(reply, Done) and isinstance(reply.payload, ReplicaBatch):
+                        carried = reply.payload
+                        self._replica_of[reply.task_id] = (worker_id, [carried.state, carried.drawn])
+                        reply = Done(reply.task_id, carried.batch)
                     kept = self._scheduler.complete(worker_id, reply)
                     if kept and self._pinner is not None and isinstance(reply, Done):
                         self._pinner.submit(reply.task_id, reply.payload)  # pinned while we wait
@@ -306,6 +338,10 @@ class LoaderIterator(Generic[T]):
                 self._fail(error)
             raise error
         assert isinstance(reply, Done)
+        replica = self._replica_of.pop(reply.task_id, None)
+        if replica is not None:  # this replica has now given the consumer this far
+            self._progress.replicas[replica[0]] = replica[1]
+            self._progress.last_worker = replica[0]
         self._yielded += 1
         self._warn_if_longer_than_reported()
         if self._pinner is not None:

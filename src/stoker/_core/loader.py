@@ -424,25 +424,30 @@ class DataLoader(Generic[T_co]):
         """Where this loader is: its current iterator's position (or the start of its next
         epoch), as plain JSON values. `load_state_dict` on a loader of the same configuration
         makes its next `iter()` continue exactly from here. Map-style datasets only."""
-        if self._dataset_kind == "iterable":
+        if self._dataset_kind == "iterable" and not (
+            hasattr(self.dataset, "state_dict") and hasattr(self.dataset, "load_state_dict")
+        ):
             raise TypeError(
-                f"DataLoader.state_dict() cannot save the position of an IterableDataset "
-                f"({type(self.dataset).__name__}): resuming iterable datasets is not built yet "
-                "(map-style datasets resume exactly)"
+                f"DataLoader.state_dict() cannot save the position of {type(self.dataset).__name__}: "
+                "an IterableDataset resumes only if it implements state_dict() (its replica's "
+                "position, as plain values) and load_state_dict(state); stoker gathers one per "
+                "worker and never replays a stream from its start"
             )
         if self._resume is not None:  # loaded and not iterated yet: still that point
             return dict(self._resume)
         plan = self._plan()
         point = self._latest.point() if self._latest is not None else None
         if point is None:
+            iterable = self._dataset_kind == "iterable"
             point = {
                 "epoch": self._epochs_started,
                 "position": 0,
                 "delivered_after": [],
                 "drawn": False,
-                "origin": capture_epoch(plan.index_sampler, plan.seed_source, draws_seed=True),
+                "origin": capture_epoch(None if iterable else plan.index_sampler, plan.seed_source, draws_seed=True),
                 "base_seed": None,
                 "next_origin": None,
+                "iterable": None,
             }
         return {"version": STATE_VERSION, "config": describe_resume(plan), **point}
 
@@ -456,6 +461,14 @@ class DataLoader(Generic[T_co]):
         for key in ("epoch", "position", "origin"):
             if key not in state:
                 raise ValueError(f"this DataLoader state lacks {key!r}; it was not applied")
+        saved_iterable = state.get("iterable")
+        if saved_iterable and saved_iterable["num_workers"] != self.num_workers:
+            raise ValueError(
+                f"this DataLoader state holds the states of {saved_iterable['num_workers']} "
+                f"IterableDataset replica(s) (num_workers={saved_iterable['num_workers']}); this "
+                f"loader has num_workers={self.num_workers}: an iterable dataset resumes only with "
+                "the same number of workers, each replica in its own worker's place"
+            )
         if any(state["config"].get(key) != config.get(key) for key in ELASTIC_KEYS):
             state = make_elastic(state, plan.index_sampler, plan.batch_size)
         if self._iterator is not None:  # a persistent iterator would go on from its own point

@@ -84,6 +84,16 @@ class Failed:
 
 
 @dataclass(frozen=True)
+class ReplicaBatch(Compact):
+    """A batch from an IterableDataset replica that keeps a state (`state_dict()`), with
+    that state and the number of items drawn right after it: what a resume restores."""
+
+    batch: Any
+    state: Any
+    drawn: int
+
+
+@dataclass(frozen=True)
 class Exhausted:
     """The worker's iterable replica has no more batches this epoch."""
 

@@ -40,8 +40,12 @@ class Progress:
     persistent: bool
     base_seed: int = 0
     origins: dict[int, dict[str, Any]] = field(default_factory=dict)  # epoch -> its draws' origin
+    user_states: dict[int, dict[int, Any]] = field(default_factory=dict)  # epoch -> position -> user sampler state
     scheduler: Any = None
     started: bool = True  # the delivering epoch was handed to the consumer by iter()
+    num_workers: int = 0  # iterable datasets: one replica per worker (or one in-process)
+    replicas: dict[int, list[Any]] = field(default_factory=dict)  # worker -> [state, drawn] delivered last
+    last_worker: int | None = None  # iterable: the worker whose batch was delivered last
     pending: tuple[int, dict[str, Any]] | None = None  # a resumed state's next epoch, already drawn
 
     def take_pending(self, epoch: int) -> dict[str, Any] | None:
@@ -57,31 +61,53 @@ class Progress:
         scheduler = self.scheduler
         if scheduler is None:
             return None
+        if self.index_sampler is None:  # an iterable dataset: its replicas' states
+            if not (self.started and scheduler.current_epoch is not None):
+                return None
+            replicas = max(self.num_workers, 1)
+            return {
+                "epoch": scheduler.current_epoch,
+                "position": scheduler.delivered,
+                "delivered_after": [],
+                "drawn": True,
+                "origin": self.origins.get(scheduler.current_epoch),
+                "base_seed": self.base_seed,
+                "next_origin": None,
+                "iterable": {
+                    "num_workers": self.num_workers,
+                    "replicas": [self.replicas.get(w) for w in range(replicas)],
+                    "next_worker": 0 if self.last_worker is None else (self.last_worker + 1) % replicas,
+                },
+            }
         if self.started and scheduler.current_epoch is not None:
             epoch = scheduler.current_epoch
             position, after = scheduler.position()
+            origin = self.origins[epoch]
+            recorded = self.user_states.get(epoch, {})
+            if position and position - 1 in recorded:
+                origin = dict(origin, user_at=recorded[position - 1])
             return {
                 "epoch": epoch,
                 "position": position,
                 "delivered_after": after,
                 "drawn": True,
-                "origin": self.origins[epoch],
+                "origin": origin,
                 "base_seed": self.base_seed,
                 "next_origin": self.origins.get(epoch + 1),
             }
         if self.persistent:  # between epochs: the next one keeps this iterator's base seed
             current = scheduler.current_epoch
             epoch = scheduler.next_epoch_number if current is None else current
-            origin = self.origins.get(epoch)
-            drawn = origin is not None  # the next epoch was prefetched: its draws are made
-            if origin is None:
-                origin = capture_epoch(self.index_sampler, self.seed_source, draws_seed=False)
+            prefetched = self.origins.get(epoch)
+            drawn = prefetched is not None  # the next epoch was prefetched: its draws are made
+            if prefetched is None:
+                prefetched = capture_epoch(self.index_sampler, self.seed_source, draws_seed=False)
             return {
                 "epoch": epoch,
                 "position": 0,
                 "delivered_after": [],
                 "drawn": drawn,
-                "origin": origin,
+                "origin": prefetched,
                 "base_seed": self.base_seed,
                 "next_origin": None,
             }
@@ -101,6 +127,26 @@ def _sources(index_sampler: Any, seed_source: RandomSource) -> list[RandomSource
             keys.add(candidate.key())
             found.append(candidate)
     return found
+
+
+def stateful_user_sampler(index_sampler: Any) -> Any:
+    """A user's sampler with `state_dict`/`load_state_dict`: its state is recorded after each
+    batch is drawn, so that a resume loads it instead of replaying the consumed batches."""
+    user = _user_sampler(index_sampler)
+    if user is not None and hasattr(user, "state_dict") and hasattr(user, "load_state_dict"):
+        return user
+    return None
+
+
+def recording(source: Iterator[Any], user: Any, record: dict[int, Any], start: int, keep: int) -> Iterator[Any]:
+    """`source`, recording `user.state_dict()` after each batch is drawn, by position; only
+    the last `keep` positions are kept (the consumer is never further behind)."""
+    number = start
+    for index in source:
+        record[number] = user.state_dict()
+        record.pop(number - keep, None)
+        number += 1
+        yield index
 
 
 def _user_sampler(index_sampler: Any) -> Any:
@@ -163,8 +209,18 @@ def open_epoch(
         user = _user_sampler(index_sampler)
         if "user" in sampler_state and user is not None:
             user.load_state_dict(sampler_state["user"])
+            at = origin.get("user_at")  # its state right after the last consumed batch was drawn
+            if at is not None and skip:
+                user.load_state_dict(at)
+                if isinstance(index_sampler, BatchSampler):
+                    index_sampler._leftover = []  # the carried indices went into batch 0
+                if skip >= _length(index_sampler):
+                    # the epoch was used up: a sampler may already have rewound its state for
+                    # the next epoch (as one that ends its pass does), so draw nothing now
+                    return iter(()), (seed_source.seed64() if origin.get("draws_seed") else None)
+                skip = 0
         base_seed = seed_source.seed64() if origin.get("draws_seed") else None
-        indices = _iter_from(index_sampler, skip)
+        indices = iter(()) if index_sampler is None else _iter_from(index_sampler, skip)
     finally:
         for source, state in callers:  # the caller's own global RNG is left as it was
             source.restore(state)
@@ -188,6 +244,13 @@ def _iter_from(index_sampler: Any, skip: int) -> Iterator[Any]:
     indices = iter(index_sampler)
     first = next(itertools.islice(indices, skip, skip + 1), _END)
     return indices if first is _END else itertools.chain([first], indices)
+
+
+def _length(index_sampler: Any) -> float:
+    try:
+        return len(index_sampler)
+    except TypeError:
+        return float("inf")
 
 
 def describe(plan: Any) -> dict[str, Any]:

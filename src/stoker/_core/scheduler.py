@@ -123,6 +123,7 @@ class Scheduler:
         reset_workers: bool = False,
         start: int = 0,
         skip: Iterable[int] = (),
+        first_worker: int = 0,
     ) -> int:
         """Queue a new epoch; map-style epochs take the index sampler's iterator.
 
@@ -138,7 +139,7 @@ class Scheduler:
         epoch.skip = set(skip)
         if self.iterable:
             epoch.active = set(range(self.num_workers))
-            self._rr = 0
+            self._rr = first_worker % self.num_workers
         self._epoch_count += 1
         self._epochs.append(epoch)
         return epoch.number

@@ -72,6 +72,7 @@ class WorkerConfig:
     worker_init_fn: Callable[[int], None] | None
     thread: bool  # a thread worker shares the process: no global seeding, thread-local info
     seed_each_batch: bool = False  # seed the global RNGs from (base seed, epoch, batch) per batch
+    replica_resume: tuple[Any, int] | None = None  # iterable replica: saved (state, items drawn)
 
     @property
     def seed(self) -> int:
@@ -98,6 +99,7 @@ def fetcher_for(config: WorkerConfig) -> MapFetcher | IterableFetcher:
         config.drop_last,
         base_seed=config.base_seed,
         worker_id=config.worker_id,
+        resume=config.replica_resume,
     )
 
 
