@@ -351,3 +351,24 @@ def test_a_user_sampler_with_state_is_restored_at_its_position_not_replayed(num_
         rest = run_rest(resumed)
     assert len(rest) == 8 - 6
     assert resumed.sampler.steps == 30 - 6 * 4  # it drew only what was left
+
+
+def test_a_closed_or_dropped_iterator_keeps_its_position_but_not_its_batches() -> None:
+    import gc
+    import weakref
+
+    make = lambda: stoker.DataLoader(Numbers(40), batch_size=2, shuffle=True, generator=3, num_workers=2, thread_pool=True)  # noqa: E731
+    reference = run_rest(make())
+    loader = make()
+    it = iter(loader)
+    head = [next(it).ravel().tolist() for _ in range(5)]
+    probe = weakref.ref(loader._latest.scheduler)
+    it.close()
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["position"] == 5
+    del it
+    gc.collect()
+    assert probe() is None, "the stopped iterator's scheduler (and its undelivered batches) must be released"
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert head + run_rest(resumed) == reference

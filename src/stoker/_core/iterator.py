@@ -67,7 +67,7 @@ class LoaderIterator(Generic[T]):
         self._pin_inline = pin if plan.num_workers == 0 else None
         self._pinner = PinThread(pin, init=device_setup()) if pin is not None and plan.num_workers > 0 else None
         self._engine: Engine = make_engine(plan, self._base_seed)
-        self._close = weakref.finalize(self, _shut_down, self._engine, self._pinner)
+        self._close = weakref.finalize(self, _shut_down, self._engine, self._pinner, self._progress)
         self._engine.start()
         iterable_index: dict[str, Any] = {}
         if plan.iterable:
@@ -378,13 +378,17 @@ class LoaderIterator(Generic[T]):
 
     # --------------------------------------------------------------- shutdown
     def close(self) -> None:
-        """Stop the workers now; later `next()` calls end the iteration."""
+        """Stop the workers now; later `next()` calls end the iteration. The loader's
+        `state_dict()` still gives the position reached."""
+        self._progress.freeze()
         self._started_current = False
         self._close()
 
 
-def _shut_down(engine: Engine, pinner: PinThread | None) -> None:
-    """The one shutdown procedure: workers, then the pin thread."""
+def _shut_down(engine: Engine, pinner: PinThread | None, progress: Progress) -> None:
+    """The one shutdown procedure: the position is kept (without the batches in flight),
+    then the workers and the pin thread stop."""
+    progress.freeze()
     try:
         engine.close()
     finally:

@@ -46,6 +46,16 @@ class Progress:
     num_workers: int = 0  # iterable datasets: one replica per worker (or one in-process)
     replicas: dict[int, list[Any]] = field(default_factory=dict)  # worker -> [state, drawn] delivered last
     last_worker: int | None = None  # iterable: the worker whose batch was delivered last
+    frozen: dict[str, Any] | None = None  # the point when the iterator stopped
+    stopped: bool = False
+
+    def freeze(self) -> None:
+        """The iterator stopped: keep its point and let go of the scheduler (and with it the
+        batches that had arrived and were never handed out)."""
+        if not self.stopped:
+            self.frozen = self.point()
+            self.stopped = True
+            self.scheduler = None
     pending: tuple[int, dict[str, Any]] | None = None  # a resumed state's next epoch, already drawn
 
     def take_pending(self, epoch: int) -> dict[str, Any] | None:
@@ -58,6 +68,8 @@ class Progress:
     def point(self) -> dict[str, Any] | None:
         """Where a resumed iterator continues, or None when no epoch is under way and the
         loader's next epoch starts afresh."""
+        if self.stopped:
+            return self.frozen
         scheduler = self.scheduler
         if scheduler is None:
             return None
