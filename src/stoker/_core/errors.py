@@ -121,8 +121,15 @@ class ExceptionInfo:
     def unchanged(cls, exc: BaseException) -> ExceptionInfo:
         """A record that re-raises `exc` itself (raised in this process, in this thread's
         view: num_workers=0, or an error stoker makes about a worker)."""
-        info = cls(exc, "", keep_object=True)
+        # never crosses a process boundary: no traceback text or pickled copy is made for it
+        info = cls.__new__(cls)
         info.as_is = True
+        info.exc_type = type(exc)
+        info.message = str(exc)
+        info.where = ""
+        info.traceback = ""
+        info.local = exc
+        info.pickled = None
         return info
 
     def __getstate__(self) -> dict[str, Any]:

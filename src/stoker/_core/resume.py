@@ -241,18 +241,16 @@ def open_epoch(
 
 def _iter_from(index_sampler: Any, skip: int) -> Iterator[Any]:
     """The sampler's iterator from batch `skip` on, its draw made now."""
-    fast = getattr(index_sampler, "_iter_from", None)
-    if fast is not None and (not isinstance(index_sampler, BatchSampler) or _user_sampler(index_sampler) is None):
-        return fast(skip)
-    if skip:
+    user = _user_sampler(index_sampler)
+    if skip and user is not None:
         warnings.warn(
-            f"resuming {type(_user_sampler(index_sampler) or index_sampler).__name__} by replaying "
-            f"its iterator over the {skip} batches already consumed (no samples are fetched; "
-            "the time grows with the position)",
+            f"resuming {type(user).__name__} by replaying its iterator over the {skip} batches "
+            "already consumed (no samples are fetched; the time grows with the position)",
             stacklevel=5,
         )
-    if isinstance(index_sampler, BatchSampler):
-        return index_sampler._iter_from(skip)
+    fast = getattr(index_sampler, "_iter_from", None)
+    if fast is not None:  # stoker's samplers, and BatchSampler over any sampler
+        return fast(skip)
     indices = iter(index_sampler)
     first = next(itertools.islice(indices, skip, skip + 1), _END)
     return indices if first is _END else itertools.chain([first], indices)
