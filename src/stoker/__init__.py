@@ -8,6 +8,7 @@ whose batches are torch tensors, exactly as `torch.utils.data` makes them.
 from ._core.errors import WorkerDiedError, WorkerError, WorkerRestartWarning
 from ._core.loader import DataLoader
 from ._core.seeding import sample_rng, sample_seed
+from ._core.stats import LoaderStats, WorkerStats
 from ._core.worker import WorkerInfo, get_worker_info
 from ._data.collate import collate, default_collate, default_collate_fn_map, default_convert
 from ._data.datasets import (
@@ -42,6 +43,7 @@ __all__ = [
     "Dataset",
     "DistributedSampler",
     "IterableDataset",
+    "LoaderStats",
     "RandomSampler",
     "Sampler",
     "SequentialSampler",
@@ -52,6 +54,7 @@ __all__ = [
     "WeightedRandomSampler",
     "WorkerDiedError",
     "WorkerRestartWarning",
+    "WorkerStats",
     "WorkerError",
     "WorkerInfo",
     "collate",

@@ -24,6 +24,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
 from ._core import loader as _loader
 from ._core.errors import WorkerDiedError, WorkerError, WorkerRestartWarning
 from ._core.seeding import sample_rng, sample_seed
+from ._core.stats import LoaderStats, WorkerStats
 from ._core.worker import WorkerInfo, get_worker_info
 from ._data import datasets as _datasets
 from ._data import distributed as _distributed
@@ -104,6 +105,7 @@ __all__ = [
     "Dataset",
     "DistributedSampler",
     "IterableDataset",
+    "LoaderStats",
     "RandomSampler",
     "Sampler",
     "SequentialSampler",
@@ -114,6 +116,7 @@ __all__ = [
     "WeightedRandomSampler",
     "WorkerDiedError",
     "WorkerRestartWarning",
+    "WorkerStats",
     "WorkerError",
     "WorkerInfo",
     "collate",

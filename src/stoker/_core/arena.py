@@ -129,6 +129,7 @@ class SlotHeader(Compact):
     leaves: tuple[Leaf, ...]
     new: tuple[tuple[int, int], ...]  # (slot id, size) of slots made for this batch
     retired: tuple[int, ...]  # slots the worker dropped (outgrown)
+    work: Any = None  # the Done's timing (see stats)
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,7 @@ class OutOfBandHeader(Compact):
 
     task_id: int
     sizes: tuple[int, ...]
+    work: Any = None  # the Done's timing (see stats)
 
 
 @dataclass(frozen=True)
@@ -370,12 +372,12 @@ class SlotWriter:
         body = stream.getvalue()
         if not leaves:
             self._discard(made)
-            return SlotHeader(reply.task_id, (), (), ()), [body], []
+            return SlotHeader(reply.task_id, (), (), (), reply.work), [body], []
         placed = self._place(leaves, slot, order, made)
         if placed is None:  # no slot to be had: arrays go out of band
             return self._out_of_band(reply)
         table, new, retired, fds = placed
-        return SlotHeader(reply.task_id, table, new, retired), [body], fds
+        return SlotHeader(reply.task_id, table, new, retired, reply.work), [body], fds
 
     def _place(
         self,
@@ -455,7 +457,7 @@ class SlotWriter:
         buffers: list[pickle.PickleBuffer] = []
         body = pickle.dumps(reply.payload, protocol=5, buffer_callback=buffers.append)
         views = [b.raw() for b in buffers]
-        return OutOfBandHeader(reply.task_id, tuple(v.nbytes for v in views)), [body, *views], []
+        return OutOfBandHeader(reply.task_id, tuple(v.nbytes for v in views), reply.work), [body, *views], []
 
     def around_fetch(self, task: Task) -> contextlib.AbstractContextManager[None]:
         return self.collating_into(task.slot)
@@ -542,7 +544,7 @@ class Arena:
             return pickle.loads(body), None
         if isinstance(header, OutOfBandHeader):
             self._warn_fallback()
-            return Done(header.task_id, recv_out_of_band(conn, list(header.sizes), body)), None
+            return Done(header.task_id, recv_out_of_band(conn, list(header.sizes), body), header.work), None
         if not isinstance(header, SlotHeader):
             raise pickle.UnpicklingError(f"unexpected reply header {type(header).__name__}")
         pool = self.pools[worker_id]
@@ -565,7 +567,7 @@ class Arena:
         views = [_view(owners[leaf.slot_id], leaf) for leaf in header.leaves]
         payload = _LeafUnpickler(io.BytesIO(body), views).load()
         self._check_held(pool)
-        return Done(header.task_id, payload), header
+        return Done(header.task_id, payload, header.work), header
 
     def _adopt(self, pool: WorkerPool, slot_id: int, size: int, fd: int) -> None:
         try:

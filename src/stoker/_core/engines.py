@@ -50,8 +50,9 @@ from .plan import LoadPlan
 from .protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
 from .seeding import restore_globals, seed_main_globals
 from .sharing import Packed
+from .stats import clock
 from .transport import PickleTransport, Transport
-from .worker import WorkerConfig, fetcher_for, process_main, run_worker
+from .worker import WorkerConfig, fetcher_for, process_main, run_worker, with_work
 
 JOIN_TIMEOUT_S = 2.0
 TERMINATE_TIMEOUT_S = 1.0
@@ -114,6 +115,7 @@ def make_engine(plan: LoadPlan, base_seed: int) -> Engine:
                 thread=thread,
                 seed_each_batch=plan.seed_each_batch,
                 replica_resume=replicas[worker_id] if worker_id < len(replicas) else None,
+                timed=plan.stats,
             )
             for worker_id in range(count)
         ]
@@ -148,6 +150,7 @@ class SerialEngine(_NoRestart):
 
     def __init__(self, config: WorkerConfig) -> None:
         self._fetcher = fetcher_for(config)
+        self._timed = config.timed
         self._base_seed = config.base_seed
         self._seed_each_batch = config.seed_each_batch
         self._queue: deque[Request] = deque()
@@ -172,8 +175,12 @@ class SerialEngine(_NoRestart):
             # seed_each_batch: seed the global RNGs as a worker process would, and give the
             # caller back its own states afterwards, whatever the fetch did
             saved = seed_main_globals(self._base_seed, epoch, batch) if self._seed_each_batch else None
+            start = clock() if self._timed else 0.0
             try:
-                return [(0, Done(message.task_id, self._fetcher.fetch(message.index, epoch, batch)))]
+                done = Done(message.task_id, self._fetcher.fetch(message.index, epoch, batch))
+                if self._timed:
+                    done = with_work(done, self._fetcher, 0.0, start)
+                return [(0, done)]
             except EndOfStream:
                 return [(0, Exhausted(message.task_id))]
             except Exception as exc:  # re-raised unchanged by the iterator, as torch does

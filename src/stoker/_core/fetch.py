@@ -15,6 +15,7 @@ from typing import Any
 from .._data.datasets import StackDataset, Subset
 from .protocol import ReplicaBatch
 from .seeding import BATCH, ITEM, SAMPLE, FetchScope, enter, leave
+from .stats import clock
 
 
 class EndOfStream(Exception):
@@ -58,12 +59,19 @@ class MapFetcher:
     """Fetches samples of a map-style dataset by index and collates them."""
 
     def __init__(
-        self, dataset: Any, auto_collation: bool, collate_fn: Callable[[Any], Any], base_seed: int = 0
+        self,
+        dataset: Any,
+        auto_collation: bool,
+        collate_fn: Callable[[Any], Any],
+        base_seed: int = 0,
+        timed: bool = False,
     ) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
         self.base_seed = base_seed
+        self.timed = timed
+        self.timing: tuple[int, float, float] = (0, 0.0, 0.0)  # the last fetch's (samples, fetch_s, collate_s)
         self._getitems = (
             getattr(dataset, "__getitems__", None) if auto_collation and fetches_batches(dataset) else None
         )
@@ -74,12 +82,18 @@ class MapFetcher:
     def fetch(self, index: Any, epoch: int = 0, batch: int = 0) -> Any:
         scope = FetchScope(self.base_seed, epoch)
         previous = enter(scope)
+        timed = self.timed
+        start = clock() if timed else 0.0
         try:
             if not self.auto_collation:
                 scope.at(SAMPLE, index)
                 sample = self.dataset[index]
                 scope.at(BATCH, batch)
-                return self.collate_fn(sample)
+                fetched = clock() if timed else 0.0
+                made = self.collate_fn(sample)
+                if timed:
+                    self.timing = (1, fetched - start, clock() - fetched)
+                return made
             if self._getitems is not None:
                 scope.at(BATCH, batch)
                 samples = self._getitems(index)
@@ -93,7 +107,11 @@ class MapFetcher:
                     scope.made = None
                     append(dataset[i])
                 scope.at(BATCH, batch)
-            return self.collate_fn(samples)
+            fetched = clock() if timed else 0.0
+            made = self.collate_fn(samples)
+            if timed:
+                self.timing = (len(samples), fetched - start, clock() - fetched)
+            return made
         finally:
             leave(previous)
 
@@ -114,6 +132,7 @@ class IterableFetcher:
         base_seed: int = 0,
         worker_id: int = 0,
         resume: tuple[Any, int] | None = None,
+        timed: bool = False,
     ) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
@@ -121,6 +140,8 @@ class IterableFetcher:
         self.drop_last = drop_last
         self.base_seed = base_seed
         self.worker_id = worker_id
+        self.timed = timed
+        self.timing: tuple[int, float, float] = (0, 0.0, 0.0)  # the last fetch's (samples, fetch_s, collate_s)
         self._iterator: Iterator[Any] | None = None
         self._ended = False
         self._drawn = 0  # items the replica made this epoch: the key of the next one's seed
@@ -149,6 +170,7 @@ class IterableFetcher:
 
     def _fetch(self, scope: FetchScope, count: int | None, batch: int) -> Any:
         worker_id = self.worker_id
+        start = clock() if self.timed else 0.0
         if self._iterator is None:
             # A replica whose __iter__ raises reports it once and is then exhausted for the
             # epoch; calling __iter__ again for every later task would repeat the error.
@@ -170,7 +192,7 @@ class IterableFetcher:
                 raise EndOfStream from None
             self._drawn += 1
             scope.at(BATCH, batch)
-            return self.collate_fn(sample)
+            return self._collate(sample, 1, start)
         assert count is not None
         samples: list[Any] = []
         append = samples.append
@@ -189,7 +211,15 @@ class IterableFetcher:
         finally:
             self._drawn = drawn
         scope.at(BATCH, batch)
-        return self.collate_fn(samples)
+        return self._collate(samples, len(samples), start)
+
+    def _collate(self, samples: Any, count: int, start: float) -> Any:
+        if not self.timed:
+            return self.collate_fn(samples)
+        fetched = clock()
+        made = self.collate_fn(samples)
+        self.timing = (count, fetched - start, clock() - fetched)
+        return made
 
 
 def make_fetcher(
@@ -201,10 +231,11 @@ def make_fetcher(
     base_seed: int = 0,
     worker_id: int = 0,
     resume: tuple[Any, int] | None = None,
+    timed: bool = False,
 ) -> MapFetcher | IterableFetcher:
     """The fetcher for a dataset kind ("map" or "iterable"); `base_seed` and `worker_id`
     are what `sample_seed()` / `sample_rng()` derive from (see seeding); `resume` is an
-    iterable replica's saved (state, items drawn)."""
+    iterable replica's saved (state, items drawn); `timed` keeps each fetch's `timing`."""
     if dataset_kind == "map":
-        return MapFetcher(dataset, auto_collation, collate_fn, base_seed)
-    return IterableFetcher(dataset, auto_collation, collate_fn, drop_last, base_seed, worker_id, resume)
+        return MapFetcher(dataset, auto_collation, collate_fn, base_seed, timed)
+    return IterableFetcher(dataset, auto_collation, collate_fn, drop_last, base_seed, worker_id, resume, timed)

@@ -19,16 +19,22 @@ first batches are dispatched at once (next-epoch prefetch), unless the sampler h
 The iterator holds no reference to the loader, and its engine is closed by a
 `weakref.finalize`, so workers stop when the iterator is exhausted (non-persistent),
 dropped, garbage-collected, closed, or at interpreter exit.
+
+`stats()` gives the epoch's `LoaderStats` (see stats): the time spent inside `iter()` and
+`next()` is the consumer's wait, and each batch brings its worker's timing with it.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from .bar import EpochBar
 from .engines import Death, Engine, make_engine
 from .errors import ExceptionInfo, WorkerDiedError, WorkerRestartWarning, describe_index
 from .pin import PinThread, device_setup, pin_function
@@ -36,6 +42,7 @@ from .plan import LoadPlan
 from .protocol import Done, Failed, ReplicaBatch, Task
 from .resume import Progress, capture_epoch, open_epoch, recording, stateful_user_sampler
 from .scheduler import Owed, Scheduler
+from .stats import LoaderStats, Recorder, clock
 
 T = TypeVar("T")
 
@@ -45,7 +52,9 @@ WAIT_SLICE_S = 0.5  # longest single wait on the engine; bounds how late a dead 
 class LoaderIterator(Generic[T]):
     """Iterates one loader's batches; with persistent workers, across epochs."""
 
-    def __init__(self, plan: LoadPlan) -> None:
+    def __init__(self, plan: LoadPlan, begun: float | None = None) -> None:
+        """`begun`: when the consumer called `iter()` (the clock of `stats`), if earlier than now."""
+        begun = clock() if begun is None else begun
         self._plan = plan
         # The sampler's iterator exists before the workers' base seed is drawn, as in torch,
         # so a shared generator is consumed in the same order.
@@ -82,7 +91,13 @@ class LoaderIterator(Generic[T]):
             first_worker = (plan.resume.get("iterable") or {}).get("next_worker", 0)
         self._scheduler.begin_epoch(first_source, start=start, skip=skip, first_worker=first_worker)
         self._progress.scheduler = self._scheduler
+        self._recorder: Recorder | None = None
+        self._stats_holder: list[Recorder | None] = [None]  # shared with loader.stats()
+        self._bar: EpochBar | None = None
+        self._begin_stats(plan.first_epoch, begun)
         self._pump()
+        if self._recorder is not None:
+            self._recorder.wait_s += clock() - begun
 
     def _open_first_epoch(self) -> tuple[Any, int]:
         plan = self._plan
@@ -125,8 +140,9 @@ class LoaderIterator(Generic[T]):
         """The workers are running and no error has broken this iterator."""
         return self._broken is None and self._close.alive
 
-    def start_next_epoch(self) -> None:
+    def start_next_epoch(self, begun: float | None = None) -> None:
         """`iter(loader)` again on a persistent loader: start (or adopt) the next epoch."""
+        begun = clock() if begun is None else begun
         self._yielded = 0
         scheduler = self._scheduler
         if scheduler.current_epoch is not None and self._started_current:
@@ -141,7 +157,11 @@ class LoaderIterator(Generic[T]):
         self._progress.replicas.clear()  # the replicas' states of the epoch now delivering
         self._progress.last_worker = None
         self._started_current = True
+        self._stop_stats()
+        self._begin_stats(scheduler.current_epoch, begun)
         self._pump()
+        if self._recorder is not None:
+            self._recorder.wait_s += clock() - begun
 
     def _begin_epoch(self) -> None:
         plan = self._plan
@@ -193,6 +213,16 @@ class LoaderIterator(Generic[T]):
         return len(self._plan.index_sampler)
 
     def __next__(self) -> T:
+        recorder = self._recorder
+        if recorder is None:
+            return self._next()
+        entered = clock()
+        try:
+            return self._next()
+        finally:
+            recorder.leave_next(entered)
+
+    def _next(self) -> T:
         if self._broken is not None:
             raise RuntimeError(
                 "this DataLoader iterator was shut down after an earlier error and cannot "
@@ -233,14 +263,7 @@ class LoaderIterator(Generic[T]):
             while True:
                 wait = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S, deadline - time.monotonic())
                 replies = engine.poll(max(wait, 0.0))
-                for worker_id, reply in replies:
-                    if isinstance(reply, Done) and isinstance(reply.payload, ReplicaBatch):
-                        carried = reply.payload
-                        self._replica_of[reply.task_id] = (worker_id, [carried.state, carried.drawn])
-                        reply = Done(reply.task_id, carried.batch)
-                    kept = self._scheduler.complete(worker_id, reply)
-                    if kept and self._pinner is not None and isinstance(reply, Done):
-                        self._pinner.submit(reply.task_id, reply.payload)  # pinned while we wait
+                self._take(replies)
                 deaths = engine.dead()
                 for death in deaths:
                     self._on_death(death)
@@ -251,9 +274,23 @@ class LoaderIterator(Generic[T]):
         except (KeyboardInterrupt, SystemExit, GeneratorExit) as exc:
             self._fail(exc)
 
+    def _take(self, replies: list[tuple[int, Any]]) -> None:
+        """Hand the replies that arrived to the scheduler (and the pin thread)."""
+        for worker_id, reply in replies:
+            if isinstance(reply, Done) and isinstance(reply.payload, ReplicaBatch):
+                carried = reply.payload
+                self._replica_of[reply.task_id] = (worker_id, [carried.state, carried.drawn])
+                reply = Done(reply.task_id, carried.batch, reply.work)
+            if self._recorder is not None and isinstance(reply, Done) and reply.work is not None:
+                self._recorder.received(worker_id, reply.work)
+            kept = self._scheduler.complete(worker_id, reply)
+            if kept and self._pinner is not None and isinstance(reply, Done):
+                self._pinner.submit(reply.task_id, reply.payload)  # pinned while we wait
+
     def _fail(self, exc: BaseException) -> None:
         """Shut the workers down and make the iterator refuse further use, then raise."""
         self._broken = exc
+        self._stop_stats()
         self._close()
         raise exc
 
@@ -290,6 +327,9 @@ class LoaderIterator(Generic[T]):
         self._restarts += 1
         worker_id = death.worker_id
         new_pid = self._engine.restart(worker_id)
+        if self._recorder is not None:
+            self._recorder.restarts[worker_id] += 1
+            self._recorder.pids[worker_id] = new_pid
         if owed:
             self._last_killer[worker_id] = owed[0].task_id
         for task in owed:
@@ -307,7 +347,7 @@ class LoaderIterator(Generic[T]):
             f"(restart {self._restarts} of max_worker_restarts={self._plan.max_worker_restarts}) "
             f"and {resent}",
             WorkerRestartWarning,
-            stacklevel=4,
+            stacklevel=6,  # the user's next()
         )
 
     def _death_reply(self, death: Death, task: Owed, reason: str) -> Failed:
@@ -343,6 +383,11 @@ class LoaderIterator(Generic[T]):
             self._progress.replicas[replica[0]] = replica[1]
             self._progress.last_worker = replica[0]
         self._yielded += 1
+        recorder = self._recorder
+        if recorder is not None and reply.work is not None:
+            recorder.delivered(reply.work)
+        if self._bar is not None:
+            self._bar.advance(recorder)
         self._warn_if_longer_than_reported()
         if self._pinner is not None:
             return self._pinner.take(reply.task_id)
@@ -368,9 +413,10 @@ class LoaderIterator(Generic[T]):
                     "For multi-worker loading, this is usually an IterableDataset whose replicas "
                     "are not sharded with get_worker_info()."
                 )
-            warnings.warn(message, stacklevel=4)  # the user's next()
+            warnings.warn(message, stacklevel=5)  # the user's next()
 
     def _end_epoch(self) -> None:
+        self._stop_stats(at_return=True)
         self._scheduler.finish_epoch()
         self._started_current = False
         if not self._plan.persistent:
@@ -382,7 +428,65 @@ class LoaderIterator(Generic[T]):
         `state_dict()` still gives the position reached."""
         self._progress.freeze()
         self._started_current = False
+        self._stop_stats()
         self._close()
+
+    # ------------------------------------------------------------ statistics
+    def stats(self) -> LoaderStats:
+        """The figures of the epoch this iterator is delivering (or delivered last), since
+        the `iter()` that began it. Raises RuntimeError for a loader made with `stats=False`."""
+        if self._recorder is None:
+            raise RuntimeError(
+                "this DataLoader was made with stats=False, so its iterator keeps no "
+                "statistics; make it with stats=True (the default) to read stats()"
+            )
+        if not self.usable():
+            return self._recorder.snapshot(0)
+        if self._started_current and self._plan.num_workers > 0:
+            self._take(self._engine.poll(0))  # what has arrived counts as ready (deaths: next())
+        return self._recorder.snapshot(self._scheduler.ready_count())
+
+    def stats_after_close(self) -> Callable[[], LoaderStats]:
+        """What reads this iterator's latest figures once it is gone (for `loader.stats()`);
+        it holds the figures, not the iterator."""
+        holder = self._stats_holder
+
+        def read() -> LoaderStats:
+            recorder = holder[0]
+            assert recorder is not None
+            recorder.stop()
+            return recorder.snapshot(0)
+
+        return read
+
+    def _begin_stats(self, epoch: int | None, begun: float) -> None:
+        plan = self._plan
+        if not plan.stats:
+            return
+        engine = self._engine
+        if plan.num_workers == 0:
+            pids: list[int | None] = [os.getpid()]
+        else:
+            pids = [engine.pid(w) for w in range(plan.num_workers)]
+        number = plan.first_epoch if epoch is None else epoch
+        recorder = Recorder(number, plan.num_workers, plan.prefetch_factor, plan.threads, pids, plan.choice)
+        recorder.start = begun
+        self._recorder = self._stats_holder[0] = recorder
+        if plan.progress:
+            total = _length(plan.index_sampler) if not plan.iterable else None
+            self._bar = EpochBar(total, number)
+
+    def _stop_stats(self, at_return: bool = False) -> None:
+        """The epoch's clock stops now, or (`at_return`: the epoch ended inside next()) when
+        that next() returns, so that elapsed time covers all the time spent inside it."""
+        if self._recorder is not None:
+            if at_return:
+                self._recorder.ending = True
+            else:
+                self._recorder.stop()
+        if self._bar is not None:
+            bar, self._bar = self._bar, None
+            bar.close(self._recorder)
 
 
 def _shut_down(engine: Engine, pinner: PinThread | None, progress: Progress) -> None:
@@ -394,6 +498,13 @@ def _shut_down(engine: Engine, pinner: PinThread | None, progress: Progress) -> 
     finally:
         if pinner is not None:
             pinner.close()
+
+
+def _length(sized: Any) -> int | None:
+    try:
+        return len(sized)
+    except TypeError:
+        return None
 
 
 def _died(death: Death) -> str:

@@ -12,6 +12,7 @@ import multiprocessing
 import multiprocessing.context
 import os
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -27,12 +28,14 @@ from .._data.samplers import (
     SequentialSampler,
 )
 from .arena import Arena, arena_limit
+from .bar import require_tqdm
 from .iterator import LoaderIterator
 from .plan import LoadPlan
 from .resume import ELASTIC_KEYS, Progress, capture_epoch, make_elastic
 from .resume import VERSION as STATE_VERSION
 from .resume import check as check_resume
 from .resume import describe as describe_resume
+from .stats import LoaderStats, clock
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -149,6 +152,8 @@ class DataLoader(Generic[T_co]):
         thread_pool: bool = False,
         max_worker_restarts: int = 0,
         seed_each_batch: bool = False,
+        stats: bool = True,
+        progress: bool = False,
     ) -> None:
         _check_int(num_workers, "num_workers")
         _check_int(max_worker_restarts, "max_worker_restarts")
@@ -184,6 +189,15 @@ class DataLoader(Generic[T_co]):
         _check_bool(in_order, "in_order")
         _check_bool(thread_pool, "thread_pool")
         _check_bool(seed_each_batch, "seed_each_batch")
+        _check_bool(stats, "stats")
+        _check_bool(progress, "progress")
+        if progress and not stats:
+            raise ValueError(
+                "progress=True shows figures from the loader's statistics, which stats=False "
+                "turns off; give stats=True (the default) or progress=False"
+            )
+        if progress:
+            require_tqdm()
         if seed_each_batch and thread_pool and num_workers > 0:
             raise ValueError(
                 "seed_each_batch=True cannot be combined with thread_pool=True: thread workers "
@@ -216,6 +230,8 @@ class DataLoader(Generic[T_co]):
         self.thread_pool = thread_pool
         self.max_worker_restarts = max_worker_restarts
         self.seed_each_batch = seed_each_batch
+        self.stats_enabled = stats
+        self.progress = progress
 
         if is_iterable_dataset(dataset):
             self._dataset_kind = "iterable"
@@ -301,6 +317,8 @@ class DataLoader(Generic[T_co]):
         self._epochs_started = 0  # epochs begun over the loader's life: seeds depend on it
         self._latest: Progress | None = None  # how far the latest iterator got: state_dict reads it
         self._resume: dict[str, Any] | None = None  # a loaded state, for the next iter()
+        self._last_iterator: weakref.ref[LoaderIterator[Any]] | None = None  # for stats()
+        self._last_stats: Callable[[], LoaderStats] | None = None
         self.__initialized = True
         warn_if_too_many_workers(num_workers, stacklevel=3)
 
@@ -392,6 +410,9 @@ class DataLoader(Generic[T_co]):
             max_worker_restarts=self.max_worker_restarts,
             seed_each_batch=self.seed_each_batch,
             first_epoch=self._epochs_started,
+            stats=self.stats_enabled,
+            progress=self.progress,
+            prefetch_factor=self.prefetch_factor if workers > 0 else None,
             resume=resume,
         )
 
@@ -399,9 +420,10 @@ class DataLoader(Generic[T_co]):
     def __iter__(self) -> LoaderIterator[Any]:
         """An iterator over one epoch's batches (with persistent workers, the next epoch of
         the loader's one iterator)."""
+        begun = clock()
         persistent = self.persistent_workers and self.num_workers > 0
         if persistent and self._iterator is not None and self._iterator.usable() and self._resume is None:
-            self._iterator.start_next_epoch()
+            self._iterator.start_next_epoch(begun)
             self._epochs_started += 1
             return self._iterator
         warn_if_too_many_workers(self.num_workers, stacklevel=3)
@@ -412,8 +434,10 @@ class DataLoader(Generic[T_co]):
             origin = self._latest.take_pending(self._epochs_started)
             if origin is not None:
                 resume = {"epoch": self._epochs_started, "position": 0, "origin": origin, "drawn": True, "base_seed": None}
-        iterator: LoaderIterator[Any] = LoaderIterator(self._plan(resume))
+        iterator: LoaderIterator[Any] = LoaderIterator(self._plan(resume), begun)
         self._latest = iterator.progress
+        self._last_iterator = weakref.ref(iterator)
+        self._last_stats = iterator.stats_after_close() if self.stats_enabled else None
         self._epochs_started += 1
         if persistent:
             self._iterator = iterator
@@ -486,6 +510,22 @@ class DataLoader(Generic[T_co]):
                 length = length // self.batch_size if self.drop_last else math.ceil(length / self.batch_size)
             return length
         return len(self._index_sampler)
+
+    def stats(self) -> LoaderStats:
+        """The `LoaderStats` of this loader's latest iterator (the epoch it is delivering,
+        or delivered last), also after that iterator was dropped. Raises RuntimeError before
+        the first `iter()` and with `stats=False`."""
+        if not self.stats_enabled:
+            raise RuntimeError(
+                "this DataLoader was made with stats=False, so it keeps no statistics; make it "
+                "with stats=True (the default) to read stats()"
+            )
+        iterator = self._last_iterator() if self._last_iterator is not None else None
+        if iterator is not None:
+            return iterator.stats()
+        if self._last_stats is None:
+            raise RuntimeError("this DataLoader has not been iterated yet: stats() describes an epoch begun by iter()")
+        return self._last_stats()
 
     def check_worker_number_rationality(self) -> None:
         """Warn (as torch does) when num_workers exceeds the CPUs this process may use."""

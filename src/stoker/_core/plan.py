@@ -45,6 +45,10 @@ class LoadPlan:
     max_worker_restarts: int
     seed_each_batch: bool  # seed the global RNGs of the worker before each batch
     first_epoch: int  # the loader's number for this iterator's first epoch
+    stats: bool = True  # workers time their batches; the iterator keeps `LoaderStats`
+    progress: bool = False  # a tqdm bar per epoch
+    prefetch_factor: int | None = None  # as given to the loader (for `LoaderStats`)
+    choice: str | None = None  # what num_workers="auto" / prefetch_factor="auto" chose
     resume: dict[str, Any] | None = None  # a loaded state: where this iterator's first epoch resumes
 
     @property

@@ -10,11 +10,13 @@ Every message is one of the frozen dataclasses below; nothing else crosses the b
    Reset()               ───────────────────▶   next epoch: a fresh iterator over the
                                                   iterable dataset replica
    Stop()                ───────────────────▶   exit the loop
-                         ◀───────────────────   Done(task_id, payload)
+                         ◀───────────────────   Done(task_id, payload, work)
                          ◀───────────────────   Failed(task_id, error)
                          ◀───────────────────   Exhausted(task_id)   iterable replica ended;
                                                   the task carried no batch
 ```
+
+`work` is the worker's timing of the batch (see stats), or None with `stats=False`.
 
 Each Task gets exactly one reply, in the order the worker received the tasks. A worker
 that fails in `worker_init_fn` keeps running and answers every task with that failure, so
@@ -34,6 +36,7 @@ from .errors import ExceptionInfo
 
 if TYPE_CHECKING:
     from .arena import SlotOrder
+    from .stats import Work
 
 
 class Compact:
@@ -73,6 +76,7 @@ class Done(Compact):
 
     task_id: int
     payload: Any
+    work: Work | None = None  # (samples, bytes, fetch_s, collate_s, busy_s); see stats
 
 
 @dataclass(frozen=True)

@@ -385,6 +385,12 @@ class Scheduler:
         """Batches delivered in the current epoch."""
         return self._epochs[0].delivered if self._epochs else 0
 
+    def ready_count(self) -> int:
+        """Batches that have arrived and are not delivered yet (every open epoch)."""
+        return sum(
+            sum(1 for reply in epoch.ready.values() if isinstance(reply, Done)) for epoch in self._epochs
+        )
+
     @property
     def in_flight(self) -> int:
         return self._in_flight

@@ -28,8 +28,9 @@ import numpy as np
 from .errors import ExceptionInfo, describe_index
 from .fetch import EndOfStream, IterableFetcher, MapFetcher, make_fetcher
 from .parent import ParentWatch
-from .protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
+from .protocol import Done, Exhausted, Failed, ReplicaBatch, Reply, Request, Reset, Stop, Task
 from .seeding import seed_batch_globals
+from .stats import array_bytes, clock
 from .threads import limit_worker_pools
 
 T_co = TypeVar("T_co", covariant=True)
@@ -73,6 +74,7 @@ class WorkerConfig:
     thread: bool  # a thread worker shares the process: no global seeding, thread-local info
     seed_each_batch: bool = False  # seed the global RNGs from (base seed, epoch, batch) per batch
     replica_resume: tuple[Any, int] | None = None  # iterable replica: saved (state, items drawn)
+    timed: bool = False  # each Done carries the batch's timing (`DataLoader(stats=True)`)
 
     @property
     def seed(self) -> int:
@@ -100,6 +102,7 @@ def fetcher_for(config: WorkerConfig) -> MapFetcher | IterableFetcher:
         base_seed=config.base_seed,
         worker_id=config.worker_id,
         resume=config.replica_resume,
+        timed=config.timed,
     )
 
 
@@ -115,6 +118,7 @@ def run_worker(
     `receive(timeout)` returns the next request or None after `timeout` seconds;
     `send(reply)` delivers one reply. Every task gets exactly one reply.
     `around_fetch(task)` wraps each fetch (the transport uses it to collate into shared memory).
+    With `config.timed`, each Done carries the batch's timing (see stats).
     """
     global _process_info
     info: WorkerInfo[Any] = WorkerInfo(config.worker_id, config.num_workers, config.seed, config.dataset)
@@ -130,6 +134,8 @@ def run_worker(
     # seed_each_batch: a process worker seeds its global RNGs before each batch (thread
     # workers share the process's: the loader refuses that combination)
     batch_seed = config.base_seed if config.seed_each_batch and not config.thread else None
+    timed = config.timed
+    unreported = 0.0  # busy time no Done has carried yet: the last send, failed tasks
     try:
         if not config.thread:
             seed_globals(config.base_seed, config.worker_id)
@@ -150,16 +156,30 @@ def run_worker(
                 fetcher.reset()
                 continue
             assert isinstance(message, Task)
+            start = clock() if timed else 0.0
             if around_fetch is None:
                 reply = _serve(fetcher, message, init_error, label, iterable, config.thread, batch_seed)
             else:
                 with around_fetch(message):
                     reply = _serve(fetcher, message, init_error, label, iterable, config.thread, batch_seed)
+            if timed and isinstance(reply, Done):
+                reply, start, unreported = with_work(reply, fetcher, unreported, start), clock(), 0.0
             send(reply)
             del reply
+            if timed:
+                unreported += clock() - start
     finally:
         if config.thread:
             _thread_info.info = None
+
+
+def with_work(reply: Done, fetcher: MapFetcher | IterableFetcher, unreported: float, start: float) -> Done:
+    """The reply with its batch's timing: samples, array bytes, fetch, collate, busy."""
+    samples, fetch_s, collate_s = fetcher.timing
+    payload = reply.payload
+    batch = payload.batch if isinstance(payload, ReplicaBatch) else payload
+    nbytes = array_bytes(batch)
+    return Done(reply.task_id, payload, (samples, nbytes, fetch_s, collate_s, unreported + clock() - start))
 
 
 def _serve(

@@ -1,0 +1,272 @@
+"""Live statistics of a loader iterator: `LoaderStats`, and how the figures are gathered.
+
+Each worker times its own work and sends the figures with the batch they describe (the
+`work` field of `protocol.Done`), so statistics cost no message of their own:
+
+    worker:  Done(task_id, payload, work=(samples, bytes, fetch_s, collate_s, busy_s))
+    main:    received → that worker's busy/fetch/collate/batches
+             handed to the consumer → batches, samples, bytes
+             time inside iter() and next() → wait_s
+
+`busy_s` of a reply covers its fetch and collate plus the sending of the worker's previous
+reply (a reply cannot carry the time it takes to send itself), and the time of tasks that
+failed, so over a run it adds up to the time the worker was not idle.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+Work = tuple[int, int, float, float, float]
+"""What a worker reports with a batch: (samples, array bytes, fetch_s, collate_s, busy_s)."""
+
+clock = time.perf_counter
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    """One worker's figures since the iterator's epoch began (with `num_workers=0`: the
+    main process, which fetches inline)."""
+
+    worker: int
+    pid: int | None  # None: a thread worker
+    batches: int  # batches it made (received by the main process)
+    busy_s: float  # time it spent fetching, collating and sending
+    fetch_s: float  # time in the dataset (`__getitem__` / `__getitems__` / the replica's iterator)
+    collate_s: float  # time in the collate_fn
+    restarts: int  # times it was replaced after dying (max_worker_restarts)
+
+
+@dataclass(frozen=True)
+class LoaderStats:
+    """A loader iterator's figures for the epoch it is delivering, since the `iter()` that
+    began it.
+
+    `readiness` is 1 - wait_s / elapsed_s: the share of the time the consumer did not wait
+    for the loader (1.0: it never waited; low: the loader is the bottleneck).
+    """
+
+    epoch: int  # the loader's epoch number
+    batches: int  # batches handed to the consumer
+    samples: int  # samples in those batches
+    bytes: int  # bytes of the numpy arrays / tensors in those batches
+    elapsed_s: float  # since iter(); frozen when the epoch ends or the iterator stops
+    wait_s: float  # time the consumer spent inside iter() and next()
+    readiness: float
+    ready: int  # batches that have arrived and are not handed out yet
+    workers: tuple[WorkerStats, ...]
+    num_workers: int
+    prefetch_factor: int | None
+    thread_pool: bool
+    choice: str | None = None  # what num_workers="auto" / prefetch_factor="auto" chose, and why
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.bytes / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    @property
+    def workers_busy(self) -> float:
+        """The workers' mean busy time as a share of the elapsed time."""
+        if not self.workers or self.elapsed_s <= 0:
+            return 0.0
+        return sum(w.busy_s for w in self.workers) / (len(self.workers) * self.elapsed_s)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values for logging (JSON-serialisable), with the derived rates."""
+        out = asdict(self)
+        out["workers"] = [asdict(w) for w in self.workers]
+        out["samples_per_s"] = self.samples_per_s
+        out["bytes_per_s"] = self.bytes_per_s
+        out["workers_busy"] = self.workers_busy
+        return out
+
+    def __str__(self) -> str:
+        fetch = sum(w.fetch_s for w in self.workers)
+        collate = sum(w.collate_s for w in self.workers)
+        busy = sum(w.busy_s for w in self.workers)
+        split = f" (fetch {fetch / busy:.0%}, collate {collate / busy:.0%})" if busy > 0 else ""
+        restarts = sum(w.restarts for w in self.workers)
+        who = "main process" if self.num_workers == 0 else (
+            f"{self.num_workers} {'thread' if self.thread_pool else 'process'} workers"
+        )
+        return (
+            f"epoch {self.epoch}: {self.batches} batches, {self.samples} samples "
+            f"({self.samples_per_s:,.0f}/s, {_size(self.bytes_per_s)}/s) in {self.elapsed_s:.2f} s; "
+            f"readiness {self.readiness:.2f} (waited {self.wait_s:.2f} s); {self.ready} ready; "
+            f"{who} busy {self.workers_busy:.0%}{split}"
+            + (f"; {restarts} restarts" if restarts else "")
+        )
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+class Recorder:
+    """The main process's running totals for one epoch of one iterator."""
+
+    __slots__ = (
+        "batches",
+        "busy",
+        "bytes",
+        "choice",
+        "collate",
+        "ending",
+        "epoch",
+        "fetch",
+        "made",
+        "num_workers",
+        "pids",
+        "prefetch_factor",
+        "restarts",
+        "samples",
+        "start",
+        "stopped",
+        "thread_pool",
+        "wait_s",
+    )
+
+    def __init__(
+        self,
+        epoch: int,
+        num_workers: int,
+        prefetch_factor: int | None,
+        thread_pool: bool,
+        pids: list[int | None],
+        choice: str | None = None,
+    ) -> None:
+        self.epoch = epoch
+        self.start = clock()
+        self.stopped: float | None = None
+        self.ending = False  # the epoch ended: the clock stops when the current next() returns
+        self.wait_s = 0.0
+        self.batches = 0
+        self.samples = 0
+        self.bytes = 0
+        n = max(num_workers, 1)
+        self.made = [0] * n
+        self.busy = [0.0] * n
+        self.fetch = [0.0] * n
+        self.collate = [0.0] * n
+        self.restarts = [0] * n
+        self.pids = pids
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.thread_pool = thread_pool
+        self.choice = choice
+
+    def received(self, worker_id: int, work: Work) -> None:
+        """A worker's batch arrived."""
+        self.made[worker_id] += 1
+        self.busy[worker_id] += work[4]
+        self.fetch[worker_id] += work[2]
+        self.collate[worker_id] += work[3]
+
+    def delivered(self, work: Work) -> None:
+        """A batch was handed to the consumer."""
+        self.batches += 1
+        self.samples += work[0]
+        self.bytes += work[1]
+
+    def leave_next(self, entered: float) -> None:
+        """The consumer's next() call that began at `entered` returns."""
+        now = clock()
+        self.wait_s += now - entered
+        if self.ending and self.stopped is None:
+            self.stopped = now
+
+    def stop(self) -> None:
+        """The epoch ended or the iterator stopped: elapsed time no longer grows."""
+        if self.stopped is None:
+            self.stopped = clock()
+
+    def snapshot(self, ready: int) -> LoaderStats:
+        end = self.stopped if self.stopped is not None else clock()
+        elapsed = max(end - self.start, 0.0)
+        wait = min(self.wait_s, elapsed)
+        workers = tuple(
+            WorkerStats(
+                worker=i,
+                pid=self.pids[i] if i < len(self.pids) else None,
+                batches=self.made[i],
+                busy_s=self.busy[i],
+                fetch_s=self.fetch[i],
+                collate_s=self.collate[i],
+                restarts=self.restarts[i],
+            )
+            for i in range(len(self.made))
+        )
+        return LoaderStats(
+            epoch=self.epoch,
+            batches=self.batches,
+            samples=self.samples,
+            bytes=self.bytes,
+            elapsed_s=elapsed,
+            wait_s=wait,
+            readiness=1.0 - wait / elapsed if elapsed > 0 else 1.0,
+            ready=ready,
+            workers=workers,
+            num_workers=self.num_workers,
+            prefetch_factor=self.prefetch_factor,
+            thread_pool=self.thread_pool,
+            choice=self.choice,
+        )
+
+
+# ------------------------------------------------------------- array bytes
+def _zero(obj: Any) -> int:
+    return 0
+
+
+def _nbytes(obj: Any) -> int:
+    return int(obj.nbytes)
+
+
+def _mapping(obj: Any) -> int:
+    return sum([array_bytes(v) for v in obj.values()])
+
+
+def _sequence(obj: Any) -> int:
+    return sum([array_bytes(v) for v in obj])
+
+
+_HANDLERS: dict[type, Any] = {
+    np.ndarray: _nbytes, dict: _mapping, list: _sequence, tuple: _sequence,
+    int: _zero, float: _zero, str: _zero, bytes: _zero, bool: _zero, type(None): _zero,
+}
+
+
+def _handler(kind: type) -> Any:
+    torch = sys.modules.get("torch")
+    if issubclass(kind, np.ndarray) or (torch is not None and issubclass(kind, torch.Tensor)):
+        return _nbytes
+    if issubclass(kind, (str, bytes, bytearray, memoryview, np.generic)):
+        return _zero
+    if hasattr(kind, "items") and hasattr(kind, "values"):
+        return _mapping
+    if issubclass(kind, (list, tuple)):
+        return _sequence
+    return _zero
+
+
+def array_bytes(obj: Any) -> int:
+    """Bytes of the numpy arrays and torch tensors in a batch (dicts, lists and tuples are
+    walked; anything else counts 0)."""
+    kind = type(obj)
+    handler = _HANDLERS.get(kind)
+    if handler is None:
+        handler = _HANDLERS[kind] = _handler(kind)
+    return int(handler(obj))
