@@ -7,6 +7,7 @@ value) to a new `LoaderIterator`, or starts the next epoch of its persistent one
 
 from __future__ import annotations
 
+import logging
 import math
 import multiprocessing
 import multiprocessing.context
@@ -14,7 +15,7 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from .._data import collate as _collate
 from .._data.datasets import Dataset, is_iterable_dataset
@@ -28,6 +29,7 @@ from .._data.samplers import (
     SequentialSampler,
 )
 from .arena import Arena, arena_limit
+from .auto import choose
 from .bar import require_tqdm
 from .iterator import LoaderIterator
 from .plan import LoadPlan
@@ -39,6 +41,7 @@ from .stats import LoaderStats, clock
 
 T_co = TypeVar("T_co", covariant=True)
 
+AUTO = "auto"
 _READ_ONLY = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
 
 
@@ -107,6 +110,12 @@ class DataLoader(Generic[T_co]):
     the batches it owed, so that the epoch completes with every sample once, in order. It
     has no effect on thread workers and `num_workers=0` (a thread does not die alone).
 
+    `num_workers="auto"` / `prefetch_factor="auto"`: chosen once, at the first `iter()`,
+    from a few probe batches fetched in this process and the usable CPUs and memory (see
+    `_core/auto.py`); stated in a log record of the "stoker" logger and in
+    `stats().choice`, and kept for the loader's life. `stats` (default True): the live
+    figures of `stats()`; `progress=True`: a tqdm bar per epoch.
+
     Batches keep numpy as numpy and tensors as tensors (`stoker.default_collate`); the
     `stoker.torch` flavour turns them into tensors exactly as torch does.
     """
@@ -116,7 +125,7 @@ class DataLoader(Generic[T_co]):
 
     dataset: Dataset[T_co]
     batch_size: int | None
-    num_workers: int
+    num_workers: int  # "auto" until the first iter() chooses
     pin_memory: bool
     drop_last: bool
     timeout: float
@@ -134,7 +143,7 @@ class DataLoader(Generic[T_co]):
         shuffle: bool | None = None,
         sampler: Sampler[Any] | Iterable[Any] | None = None,
         batch_sampler: Sampler[Sequence[Any]] | Iterable[Sequence[Any]] | None = None,
-        num_workers: int = 0,
+        num_workers: int | Literal["auto"] = 0,
         collate_fn: Callable[[list[Any]], Any] | None = None,
         pin_memory: bool = False,
         drop_last: bool = False,
@@ -143,7 +152,7 @@ class DataLoader(Generic[T_co]):
         multiprocessing_context: str | multiprocessing.context.BaseContext | None = None,
         generator: GeneratorLike = None,
         *,
-        prefetch_factor: int | None = None,
+        prefetch_factor: int | Literal["auto"] | None = None,
         persistent_workers: bool = False,
         pin_memory_device: str = "",
         in_order: bool = True,
@@ -155,14 +164,24 @@ class DataLoader(Generic[T_co]):
         stats: bool = True,
         progress: bool = False,
     ) -> None:
-        _check_int(num_workers, "num_workers")
+        auto_workers = num_workers == AUTO
+        auto_prefetch = prefetch_factor == AUTO
+        if not auto_workers:
+            if isinstance(num_workers, str):
+                raise TypeError(f"num_workers should be an int or 'auto', but got num_workers={num_workers!r}")
+            _check_int(num_workers, "num_workers")
+        if isinstance(prefetch_factor, str) and not auto_prefetch:
+            raise TypeError(
+                f"prefetch_factor should be an int, None or 'auto', but got prefetch_factor={prefetch_factor!r}"
+            )
+        workers_given: int = 1 if auto_workers else num_workers  # type: ignore[assignment]  # "auto" may choose workers
         _check_int(max_worker_restarts, "max_worker_restarts")
         if max_worker_restarts < 0:
             raise ValueError(
                 "max_worker_restarts should be a non-negative int (0: a worker's death raises), "
                 f"but got max_worker_restarts={max_worker_restarts}"
             )
-        if num_workers < 0:
+        if workers_given < 0:
             raise ValueError(
                 "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing."
             )
@@ -170,18 +189,18 @@ class DataLoader(Generic[T_co]):
             raise TypeError(f"timeout should be a number of seconds, but got timeout={timeout!r}")
         if timeout < 0:
             raise ValueError("timeout option should be non-negative")
-        if num_workers == 0 and prefetch_factor is not None:
+        if workers_given == 0 and prefetch_factor is not None:
             raise ValueError(
                 "prefetch_factor option could only be specified in multiprocessing."
                 "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None."
             )
-        if num_workers > 0 and prefetch_factor is None:
+        if workers_given > 0 and prefetch_factor is None:
             prefetch_factor = 2
-        elif prefetch_factor is not None:
+        elif prefetch_factor is not None and not auto_prefetch:
             _check_int(prefetch_factor, "prefetch_factor")
-            if prefetch_factor < 0:
+            if prefetch_factor < 0:  # type: ignore[operator]
                 raise ValueError("prefetch_factor option should be non-negative")
-        if persistent_workers and num_workers == 0:
+        if persistent_workers and workers_given == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
         _check_callable(collate_fn, "collate_fn")
         _check_callable(batchify_fn, "batchify_fn")
@@ -198,7 +217,7 @@ class DataLoader(Generic[T_co]):
             )
         if progress:
             require_tqdm()
-        if seed_each_batch and thread_pool and num_workers > 0:
+        if seed_each_batch and thread_pool and workers_given > 0:
             raise ValueError(
                 "seed_each_batch=True cannot be combined with thread_pool=True: thread workers "
                 "share the process's global RNGs, so seeding them per batch would race; draw "
@@ -219,8 +238,10 @@ class DataLoader(Generic[T_co]):
             )
 
         self.dataset = dataset
-        self.num_workers = num_workers
-        self.prefetch_factor = prefetch_factor
+        self.num_workers = num_workers  # type: ignore[assignment]  # "auto": chosen at the first iter()
+        self.prefetch_factor = prefetch_factor  # type: ignore[assignment]
+        self._auto = (auto_workers, auto_prefetch) if auto_workers or auto_prefetch else None
+        self._choice: str | None = None  # what "auto" chose, and why
         self.pin_memory = pin_memory
         self.pin_memory_device = pin_memory_device
         self.timeout = timeout
@@ -320,7 +341,8 @@ class DataLoader(Generic[T_co]):
         self._last_iterator: weakref.ref[LoaderIterator[Any]] | None = None  # for stats()
         self._last_stats: Callable[[], LoaderStats] | None = None
         self.__initialized = True
-        warn_if_too_many_workers(num_workers, stacklevel=3)
+        if not auto_workers:
+            warn_if_too_many_workers(workers_given, stacklevel=3)
 
     # ------------------------------------------------------------- flavour
     @staticmethod
@@ -339,7 +361,7 @@ class DataLoader(Generic[T_co]):
     @multiprocessing_context.setter
     def multiprocessing_context(self, context: Any) -> None:
         if context is not None:
-            if self.num_workers <= 0:
+            if self._auto is None and self.num_workers <= 0:
                 raise ValueError(
                     "multiprocessing_context can only be used with multi-process loading "
                     f"(num_workers > 0), but got num_workers={self.num_workers}"
@@ -378,8 +400,31 @@ class DataLoader(Generic[T_co]):
             self._arena = Arena(arena_limit())
         return self._arena
 
+    def _resolve_auto(self) -> None:
+        """Make the "auto" choice (once; it is kept for the loader's life)."""
+        if self._auto is None:
+            return
+        auto_workers, auto_prefetch = self._auto
+        choice = choose(
+            self.dataset,
+            iterable=self._dataset_kind == "iterable",
+            collate_fn=self.collate_fn,
+            auto_collation=self._auto_collation,
+            batch_size=self.batch_size,
+            cpus=usable_cpus() or 1,
+            workers=None if auto_workers else self.num_workers,
+            prefetch_factor=None if auto_prefetch else self.prefetch_factor,
+            auto_prefetch=auto_prefetch,
+        )
+        self._auto = None
+        self.num_workers = choice.num_workers
+        self.prefetch_factor = choice.prefetch_factor
+        self._choice = choice.reason
+        logging.getLogger("stoker").info("DataLoader chose %s", choice.reason)
+
     def _plan(self, resume: dict[str, Any] | None = None) -> LoadPlan:
         """What a new iterator needs, read now."""
+        self._resolve_auto()
         workers = self.num_workers
         processes = workers > 0 and not self.thread_pool
         if self._seed_source is None or self._seed_source.generator is not self.generator:
@@ -413,6 +458,7 @@ class DataLoader(Generic[T_co]):
             stats=self.stats_enabled,
             progress=self.progress,
             prefetch_factor=self.prefetch_factor if workers > 0 else None,
+            choice=self._choice,
             resume=resume,
         )
 
@@ -421,6 +467,7 @@ class DataLoader(Generic[T_co]):
         """An iterator over one epoch's batches (with persistent workers, the next epoch of
         the loader's one iterator)."""
         begun = clock()
+        self._resolve_auto()
         persistent = self.persistent_workers and self.num_workers > 0
         if persistent and self._iterator is not None and self._iterator.usable() and self._resume is None:
             self._iterator.start_next_epoch(begun)
@@ -529,4 +576,5 @@ class DataLoader(Generic[T_co]):
 
     def check_worker_number_rationality(self) -> None:
         """Warn (as torch does) when num_workers exceeds the CPUs this process may use."""
-        warn_if_too_many_workers(self.num_workers, stacklevel=3)
+        if self._auto is None:
+            warn_if_too_many_workers(self.num_workers, stacklevel=3)
