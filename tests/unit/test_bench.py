@@ -1,7 +1,12 @@
-"""The pure pieces of `stoker bench`: the steady-state window, rates and main-process CPU per
-batch over it, W7's epoch sizes and dataset, the environment it records, and the W7 targets."""
+"""The pieces of `stoker bench`: the steady-state window, rates and main-process CPU per batch
+over it, W7's epoch sizes and dataset, the environment it records, the W7 targets, the stats
+overhead pairs and the num_workers="auto" rows (and two tiny runs of them), and the chart."""
 
 from __future__ import annotations
+
+import json
+import os
+import statistics
 
 import pytest
 
@@ -161,3 +166,186 @@ def test_w7_targets_at_each_worker_count_and_batch_size_cost() -> None:
     text = bench.table(report)
     assert "main µs/batch" in text and "W7 b256" in text and "W7 b64" in text
     assert "environment (as found" in text
+
+
+# ------------------------------------------------ stats overhead and num_workers="auto"
+def test_pair_overhead_is_the_median_of_the_per_pair_ratios() -> None:
+    on = [100.0, 100.0, 100.0, 200.0, 50.0]
+    off = [101.0, 103.0, 90.0, 204.0, 51.0]  # off/on - 1: +1 %, +3 %, -10 %, +2 %, +2 %
+    assert bench.pair_overhead(on, off) == pytest.approx(0.02)
+    # not the ratio of the medians (101 / 100 - 1 = 1 %)
+    assert bench.pair_overhead(on, off) != pytest.approx(statistics.median(off) / statistics.median(on) - 1)
+    # stats on faster than off: a negative overhead; an even count: the mean of the middle two
+    assert bench.pair_overhead([100.0, 100.0], [98.0, 97.0]) == pytest.approx(-0.025)
+    with pytest.raises(ValueError):
+        bench.pair_overhead([], [])
+    with pytest.raises(ValueError):
+        bench.pair_overhead([1.0, 2.0], [1.0])
+
+
+@pytest.mark.parametrize(("pairs", "reps", "per_rep"), [(5, 3, 2), (5, 1, 5), (5, 5, 1), (5, 10, 1), (2, 1, 2)])
+def test_pairs_per_rep_gives_at_least_the_pairs_asked_in_every_repetition(
+    pairs: int, reps: int, per_rep: int
+) -> None:
+    assert bench.pairs_per_rep(bench.Sizes(stats_pairs=pairs), reps) == per_rep
+    assert bench.Sizes().stats_pairs >= 5 and bench.Sizes.quick().stats_pairs == 2
+
+
+class _FakeAutoLoader:
+    """What the bench reads of a loader made with num_workers="auto" after its epoch."""
+
+    def __init__(self, batches: int) -> None:
+        self.batches, self.num_workers = batches, "auto"
+
+    def __iter__(self):
+        np = pytest.importorskip("numpy")
+        self.num_workers = 2  # chosen at iter()
+        for _ in range(self.batches):
+            yield np.zeros((10, 4))
+
+    def stats(self):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(num_workers=2, prefetch_factor=3, choice="num_workers=2, prefetch_factor=3 (why)")
+
+
+def test_epoch_rate_of_an_auto_loader_reads_its_choice_after_the_epoch() -> None:
+    timing = bench._epoch_rate(lambda: _FakeAutoLoader(40), None, None)
+    assert timing.chosen == bench.Chosen(2, 3, "num_workers=2, prefetch_factor=3 (why)")
+    assert timing.steady is not None and timing.whole > 0
+    # the window follows the choice: 3 * 2 + 1 left out at each end leaves 40 - 14 batches -> 24
+    assert bench.steady_window(40, 2, 3) == (7, 31)
+
+
+def _timed(workload: str, workers, variant: str, steady: list[float], whole: list[float]) -> bench.Result:
+    row = bench.Result(workload, "stoker", workers, variant, values=list(steady))
+    row.extra["with_startup"] = list(whole)
+    row.extra["main_us_per_batch"] = [10.0] * len(steady)
+    row.extra["first_batch_s"] = [0.2 if workers == bench.AUTO else 0.01] * len(steady)
+    return row
+
+
+def _synthetic_rows() -> list[bench.Result]:
+    rows = []
+    pairs = {0: ([100.0, 100.0, 100.0], [101.0, 100.5, 99.0]), 2: ([200.0, 190.0, 210.0], [210.0, 200.0, 212.0])}
+    for workers, (on, off) in pairs.items():
+        rows.append(_timed("W1", workers, "stats on", on, on))
+        rows.append(_timed("W1", workers, "stats off", off, off))
+    for workers, rate in ((0, 100.0), (1, 150.0), (2, 180.0)):
+        rows.append(_timed("W1", workers, "", [rate], [rate * 0.9]))
+        rows.append(_timed("W3", workers, "", [rate / 10], [rate / 10]))
+    auto = _timed("W1", bench.AUTO, "", [178.0], [153.0])  # 153 / (180 * 0.9) = 0.944
+    auto.choices = ["num_workers=2, prefetch_factor=2 (tiny samples)"]
+    auto.extra["chosen_workers"] = [2.0]
+    auto3 = _timed("W3", bench.AUTO, "", [10.0], [10.0])  # 10 / 18 = 0.56: missed
+    auto3.choices = ["num_workers=0 (why not)"]
+    auto3.extra["chosen_workers"] = [0.0]
+    return [*rows, auto, auto3]
+
+
+def _report(rows: list[bench.Result]) -> dict:
+    return {
+        "results": [
+            bench.asdict(r) | {"median": r.median, "gbps": r.gbps(), "main_us_per_batch": r.main_us_per_batch}
+            for r in rows
+        ],
+        "w3_scaling": bench.w3_scaling(rows),
+        "stats_overhead": bench.stats_overhead(rows),
+        "auto": {"run": True, "note": None, "workloads": bench.auto_vs_best(rows)},
+        "targets": bench.targets(rows, ceiling=10.0),
+        "machine": bench.environment() | {"memcpy_gbps": 10.0},
+    }
+
+
+def test_stats_overhead_and_auto_figures_and_targets() -> None:
+    rows = _synthetic_rows()
+    overhead = {e["workers"]: e for e in bench.stats_overhead(rows)}
+    assert set(overhead) == {0, 2}
+    assert overhead[0]["pairs"] == 3 and overhead[0]["overhead"] == pytest.approx(0.005)
+    assert overhead[0]["per_pair"] == pytest.approx([0.01, 0.005, -0.01])
+    assert overhead[2]["overhead"] == pytest.approx(0.05)
+    assert overhead[2]["on"] == 200.0 and overhead[2]["off"] == 210.0
+    auto = {e["workload"]: e for e in bench.auto_vs_best(rows)}
+    assert set(auto) == {"W1", "W3"}  # no W2 rows
+    assert auto["W1"]["best_workers"] == 2 and auto["W1"]["ratio"] == pytest.approx(153 / 162)
+    assert auto["W1"]["steady_ratio"] == pytest.approx(178 / 180) and auto["W1"]["chosen_workers"] == [2]
+    assert auto["W1"]["choices"] == ["num_workers=2, prefetch_factor=2 (tiny samples)"]
+    assert (auto["W1"]["auto_first_s"], auto["W1"]["best_first_s"]) == (0.2, 0.01)
+    found = {t["target"]: t for t in bench.targets(rows, ceiling=10.0)}
+    w0, w2 = (found[f"W1 stats overhead w={w} (stoker, stats=True vs stats=False)"] for w in (0, 2))
+    assert w0["met"] and w0["value"] == pytest.approx(0.005) and "(target < 2%)" in w0["shown"]
+    assert not w2["met"] and "+5.0% (median of 3 pairs" in w2["shown"]
+    w1_auto, w3_auto = found["W1 auto vs best hand-picked (stoker)"], found["W3 auto vs best hand-picked (stoker)"]
+    assert w1_auto["met"] and "0.94x of w=2" in w1_auto["shown"] and "(target >= 0.85x)" in w1_auto["shown"]
+    assert not w3_auto["met"] and w3_auto["value"] == pytest.approx(10 / 18)
+    report = _report(rows)
+    json.dumps(report)  # JSON-ready
+    text = bench.table(report)
+    assert "W1 stats overhead (stoker" in text
+    assert "main µs/batch on 10.0 off 10.0  overhead +0.5%  (pairs: +1.0% +0.5% -1.0%)" in text
+    assert "W1 stats on" in text and "W1 stats off" in text
+    assert "auto 153.0/s vs 162.0/s at w=2: 0.94x (steady state 0.99x); first batch after 200 ms vs 10 ms" in text
+    assert "1x: num_workers=2, prefetch_factor=2 (tiny samples)" in text
+    assert "MET    W1 auto vs best hand-picked" in text and "MISSED W3 auto vs best hand-picked" in text
+
+
+def test_chart_has_the_stats_overhead_and_auto_panels(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    report = _report(_synthetic_rows())
+    path = tmp_path / "sub" / "bench.png"
+    assert bench.chart(report, str(path))
+    assert path.exists() and path.stat().st_size > 0
+    fig = bench.figure(report)
+    titles = [ax.get_title() for sub in fig.subfigs for ax in sub.axes]
+    assert titles == ["W1", "W3", "W1 stats overhead (pairs, median of 3)", 'num_workers="auto" vs best hand-picked']
+    # the auto rows are bars in their workload's panel; the stats pairs are not
+    w1 = fig.subfigs[0].axes[0]
+    assert [t.get_text() for t in w1.get_xticklabels()] == [f"stoker\nw={w}" for w in (0, 1, 2, "auto")]
+    # without the new figures the chart is the samples/s panels alone
+    bare = report | {"stats_overhead": [], "auto": {"workloads": []}}
+    assert len(bench.figure(bare).subfigs) == 1
+
+
+def _tiny_plan(workers: list[int], reps: int, pairs: int) -> bench.Plan:
+    return bench.Plan(["W1"], workers, reps, bench.Sizes(w1=4096, stats_pairs=pairs), with_torch=False)
+
+
+def test_run_measures_interleaved_stats_pairs_and_auto(monkeypatch) -> None:
+    monkeypatch.setattr(bench, "memcpy_gbps", lambda: 10.0)
+    report = bench.run(_tiny_plan([0, 1], reps=2, pairs=2), progress=False)  # a pair per repetition
+    json.dumps(report)
+    rows = {(r["workload"], r["loader"], r["workers"], r["variant"]): r for r in report["results"]}
+    for workers in (0, 1):
+        on, off = rows["W1", "stoker", workers, "stats on"], rows["W1", "stoker", workers, "stats off"]
+        assert len(on["values"]) == len(off["values"]) == 2
+        assert on["extra"]["on_first"] == [1.0, 0.0]  # which goes first alternates, across repetitions too
+        assert all(v > 0 for v in on["values"] + off["values"])
+    overhead = report["stats_overhead"]
+    assert [(e["workers"], e["pairs"]) for e in overhead] == [(0, 2), (1, 2)]
+    assert all(-1 < e["overhead"] < 1 and e["on"] > 0 and e["off"] > 0 for e in overhead)
+    names = [t["target"] for t in report["targets"]]
+    assert "W1 stats overhead w=1 (stoker, stats=True vs stats=False)" in names
+    if bench.auto_unsupported() is None:
+        auto = rows["W1", "stoker", "auto", ""]
+        assert len(auto["values"]) == 2 and len(auto["choices"]) == 2 and all(auto["choices"])
+        assert all(0 <= w <= (os.cpu_count() or 1) for w in auto["extra"]["chosen_workers"])
+        assert report["auto"]["run"] and report["auto"]["note"] is None
+        [entry] = report["auto"]["workloads"]
+        assert entry["workload"] == "W1" and entry["ratio"] > 0 and entry["best_workers"] in (0, 1)
+        assert "W1 auto vs best hand-picked (stoker)" in names
+        assert 'auto (stoker, num_workers="auto"' in bench.table(report)
+
+
+def test_run_skips_auto_with_a_note_when_the_loader_refuses_it(monkeypatch) -> None:
+    monkeypatch.setattr(bench, "memcpy_gbps", lambda: 10.0)
+    monkeypatch.setattr(bench, "auto_unsupported", lambda: "TypeError: num_workers should be an int")
+    report = bench.run(_tiny_plan([0], reps=1, pairs=1), progress=False)
+    assert all(r["workers"] != "auto" for r in report["results"])
+    assert not report["auto"]["run"] and report["auto"]["workloads"] == []
+    assert 'num_workers="auto" not run: this stoker refuses it (TypeError' in report["auto"]["note"]
+    assert report["auto"]["note"] in bench.table(report)
+
+
+def test_auto_unsupported_says_why_or_nothing() -> None:
+    why = bench.auto_unsupported()
+    assert why is None or why.startswith(("TypeError", "ValueError"))

@@ -8,6 +8,11 @@ the epoch (W5 measures start-up; the rate with start-up is kept in the JSON), an
 same window the main process's CPU time per batch is recorded. Figures are medians with
 min-max over the repetitions.
 
+Two measurements of stoker against itself ride in the same repetitions: W1 in pairs of epochs
+with `stats=True` and `stats=False` (what live statistics cost: the median over the pairs of
+off/on - 1), and W1-W3 with `num_workers="auto", prefetch_factor="auto"` against the best
+hand-picked number of workers (see benchmarks/README.md).
+
 Nothing here sets OMP_NUM_THREADS or the like, or calls torch.set_num_threads: the loaders
 are measured in the user's default environment, and the report records what it saw.
 
@@ -25,6 +30,8 @@ Workloads (the issue's names):
 
 from __future__ import annotations
 
+import collections
+import functools
 import gc
 import importlib
 import itertools
@@ -35,7 +42,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -255,16 +262,22 @@ def _iterable_for(name: str, n: int) -> Any:
 
 
 # ------------------------------------------------------------------ results
+AUTO: Final = "auto"  # the `workers` of the rows run with num_workers="auto", prefetch_factor="auto"
+Workers = int | str  # a number of workers, or AUTO
+Key = tuple[str, str, Workers, str]  # (workload, loader, workers, variant)
+
+
 @dataclass
 class Result:
     workload: str
     loader: str
-    workers: int
+    workers: Workers
     variant: str = ""
     unit: str = "samples/s"
     values: list[float] = field(default_factory=list)
     bytes_per_sample: int = 0
     extra: dict[str, list[float]] = field(default_factory=dict)
+    choices: list[str] = field(default_factory=list)  # AUTO rows: what the loader chose, per repetition
 
     @property
     def median(self) -> float:
@@ -297,12 +310,15 @@ class Sizes:
     w7_min_batches: int = 40
     w7_base_batches: int = 32
     w7_batches_per_worker: int = 16
+    # W1 with stats=True against stats=False: at least this many interleaved pairs of epochs per
+    # number of workers (spread evenly over the repetitions, see `pairs_per_rep`)
+    stats_pairs: int = 5
 
     @classmethod
     def quick(cls) -> Sizes:
         return cls(
             w1=20_000, w2=1024, w3=256, w4=20_000, w5_mb=(10, 50), w6_images=256, w6_epochs=3,
-            w7_sources=200, w7_min_batches=6, w7_base_batches=4, w7_batches_per_worker=4,
+            w7_sources=200, w7_min_batches=6, w7_base_batches=4, w7_batches_per_worker=4, stats_pairs=2,
         )
 
 
@@ -327,9 +343,28 @@ class EpochTiming:
     whole: float  # samples/s from iter() to the last batch, start-up included
     main_us: float | None  # main process CPU µs per batch over the window
     whole_main_us: float  # main process CPU µs per batch from iter() to the last batch
+    first_s: float = 0.0  # from iter() to the first batch: start-up (and the "auto" probe)
+    chosen: Chosen | None = None  # what a loader made with num_workers="auto" chose
 
 
-def _epoch_rate(make: Callable[[], Any], workers: int, prefetch: int = 2) -> EpochTiming:
+@dataclass(frozen=True)
+class Chosen:
+    """What `num_workers="auto", prefetch_factor="auto"` chose, read from the loader after its
+    first epoch."""
+
+    num_workers: int
+    prefetch_factor: int | None
+    choice: str  # the loader's own words (`loader.stats().choice`)
+
+
+def _chosen(loader: Any) -> Chosen:
+    stats = loader.stats()
+    workers = loader.num_workers if isinstance(loader.num_workers, int) else stats.num_workers
+    prefetch = stats.prefetch_factor if isinstance(stats.prefetch_factor, int) else None
+    return Chosen(workers, prefetch, stats.choice or "(the loader stated no choice)")
+
+
+def _epoch_rate(make: Callable[[], Any], workers: int | None, prefetch: int | None = 2) -> EpochTiming:
     """Rates and main-process CPU per batch of one epoch of a fresh loader.
 
     At every batch's arrival the wall clock (`perf_counter`) and the main process's CPU time
@@ -337,6 +372,10 @@ def _epoch_rate(make: Callable[[], Any], workers: int, prefetch: int = 2) -> Epo
     figures come from the middle of the epoch (see `steady_window`, whose margin follows the
     loader's `prefetch`); the whole-epoch ones include worker start-up, which is what W5
     measures.
+
+    `workers=None`: the loader was made with `num_workers="auto", prefetch_factor="auto"`; its
+    choice (probe included) happens inside the timed epoch, and is read from the loader after
+    it (`Chosen`), and the window follows the chosen workers and prefetch.
     """
     loader = make()
     arrivals: list[float] = []
@@ -349,15 +388,61 @@ def _epoch_rate(make: Callable[[], Any], workers: int, prefetch: int = 2) -> Epo
         sizes.append(_batch_len(batch))
         # dropped before waiting for the next one, so that the loader can reuse its memory
         del batch
+    chosen = None
+    if workers is None:
+        chosen = _chosen(loader)
+        workers, prefetch = chosen.num_workers, chosen.prefetch_factor
     del loader
     gc.collect()
-    window = steady_window(len(arrivals), workers, prefetch)
+    window = steady_window(len(arrivals), workers, 2 if prefetch is None else prefetch)
     return EpochTiming(
         steady=None if window is None else window_rate(arrivals, sizes, window),
         whole=sum(sizes) / (arrivals[-1] - start),
         main_us=None if window is None else us_per_batch(cpu, window),
         whole_main_us=(cpu[-1] - cpu_start) / len(cpu) * 1e6,
+        first_s=arrivals[0] - start,
+        chosen=chosen,
     )
+
+
+@dataclass(frozen=True)
+class StatsPair:
+    """Two W1 epochs back to back, the same loader but for `stats=True` / `stats=False`."""
+
+    on: EpochTiming
+    off: EpochTiming
+    on_first: bool
+
+
+def _stats_pair(make: Callable[[bool], Any], workers: int, on_first: bool) -> StatsPair:
+    """One pair: an epoch of `make(stats)` for stats on and off, in the order `on_first` says."""
+    timings = {}
+    for stats in (True, False) if on_first else (False, True):
+
+        def make_one(stats: bool = stats) -> Any:
+            return make(stats)
+
+        timings[stats] = _epoch_rate(make_one, workers)
+    return StatsPair(on=timings[True], off=timings[False], on_first=on_first)
+
+
+def pairs_per_rep(sizes: Sizes, reps: int) -> int:
+    """Stats pairs in each repetition: at least `sizes.stats_pairs` in all, the same number in
+    every repetition (6 pairs with the default 5 and 3 repetitions)."""
+    return -(-sizes.stats_pairs // reps)
+
+
+def pair_overhead(on: list[float], off: list[float]) -> float:
+    """What stats=True costs: the median over pairs of `off / on - 1` (0.01: stats on is 1 %
+    slower), where `on[i]` and `off[i]` (samples/s) are the two epochs of pair i. The median of
+    per-pair ratios, not the ratio of medians, so that a slow patch of the machine that hits one
+    pair moves one ratio, not both medians.
+
+    Raises ValueError when the lists are empty or of different lengths.
+    """
+    if not on or len(on) != len(off):
+        raise ValueError(f"pairs need as many stats-on as stats-off epochs, got {len(on)} and {len(off)}")
+    return statistics.median(b / a - 1 for a, b in zip(on, off))
 
 
 def steady_window(n: int, workers: int, prefetch: int = 2) -> tuple[int, int] | None:
@@ -481,17 +566,44 @@ class Plan:
     with_torch: bool
 
 
+# typed Any: the bench's datasets are duck-typed, and "auto" is tried on a stoker that may not
+# take it yet (see `auto_unsupported`)
+_DataLoader: Any = stoker.DataLoader
+AUTO_WORKLOADS = ("W1", "W2", "W3")  # run with num_workers="auto", prefetch_factor="auto" too
+
+
+def auto_unsupported() -> str | None:
+    """None when stoker.DataLoader takes `num_workers="auto", prefetch_factor="auto"`, else why
+    not (the error it raised at construction, which starts nothing)."""
+    try:
+        loader: Any = _DataLoader(TinyDicts(16), batch_size=4, num_workers=AUTO, prefetch_factor=AUTO)
+    except (TypeError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    del loader
+    return None
+
+
 def _jobs(
-    plan: Plan, mods: dict[str, Any], busy_rounds: int, sources: np.ndarray | None = None
-) -> list[tuple[str, str, int, str, Callable[[], Any]]]:
-    """(workload, loader, workers, variant, measure) for one repetition.
+    plan: Plan,
+    mods: dict[str, Any],
+    busy_rounds: int,
+    sources: np.ndarray | None = None,
+    rep: int = 0,
+    auto: bool = False,
+) -> list[tuple[str, str, Workers, str, Callable[[], Any]]]:
+    """(workload, loader, workers, variant, measure) for repetition `rep`.
 
     `sources` are W7's source images, made once per run (`w7_sources`); W7 runs only through
-    the torch-flavoured loaders, and only when they are in `mods`.
+    the torch-flavoured loaders, and only when they are in `mods`. With W1, each number of
+    workers also gets `pairs_per_rep` pairs of stoker epochs with stats on and off (variant
+    "stats", one job per pair, which of the two goes first alternating from pair to pair);
+    with `auto`, W1-W3 also run stoker with `num_workers="auto", prefetch_factor="auto"`
+    (workers AUTO), after the hand-picked rows of the same repetition.
     """
     s = plan.sizes
     jobs: list[Any] = []
     tiny, images, heavy = TinyDicts(s.w1), Images(s.w2), CpuHeavy(s.w3, busy_rounds)
+    per_rep = pairs_per_rep(s, plan.reps)
     for workers in plan.workers:
         for name, mod in mods.items():
 
@@ -511,6 +623,15 @@ def _jobs(
                     return mod.DataLoader(tiny, batch_size=256, num_workers=w)
 
                 add("W1", make_w1)
+                if name == "stoker":
+
+                    def make_w1_stats(stats: bool, w: int = workers) -> Any:
+                        return _DataLoader(tiny, batch_size=256, num_workers=w, stats=stats)
+
+                    for pair in range(rep * per_rep, (rep + 1) * per_rep):
+                        on_first = pair % 2 == 0
+                        measure = functools.partial(_stats_pair, make_w1_stats, workers, on_first)
+                        jobs.append(("W1", name, workers, "stats", measure))
             if "W2" in plan.workloads:
                 w2 = images.resized(w2_samples(s, workers))
 
@@ -539,6 +660,20 @@ def _jobs(
                         return mod.DataLoader(crops, batch_size=b, shuffle=True, num_workers=w, **prefetch)
 
                     add("W7", make_w7, variant=f"b{batch_size}", prefetch=W7_PREFETCH)
+    if auto:
+        # the same datasets as the hand-picked rows; W2's epoch is sized for the most workers
+        # "auto" may choose (usable CPUs)
+        w2 = images.resized(w2_samples(s, usable_cpus() or 1))
+        auto_data = {"W1": (tiny, 256), "W2": (w2, 64), "W3": (heavy, 16)}
+        for workload in AUTO_WORKLOADS:
+            if workload not in plan.workloads:
+                continue
+            data, batch_size = auto_data[workload]
+
+            def make_auto(data: Any = data, batch_size: int = batch_size) -> Any:
+                return _DataLoader(data, batch_size=batch_size, num_workers=AUTO, prefetch_factor=AUTO)
+
+            jobs.append((workload, "stoker", AUTO, "", functools.partial(_epoch_rate, make_auto, None, None)))
     if "W5" in plan.workloads and any(w > 0 for w in plan.workers):
         for mb in s.w5_mb:
             holder = HoldsArray(mb << 20)
@@ -576,12 +711,14 @@ def run(plan: Plan, progress: bool = True) -> dict[str, Any]:
     sources = None
     if "W7" in plan.workloads and any(name in mods for name in W7_LOADERS):
         sources = w7_sources(plan.sizes.w7_sources)
-    results: dict[tuple[str, str, int, str], Result] = {}
-    first = _jobs(plan, mods, busy_rounds, sources)
-    total = len(first) * plan.reps
+    unsupported = auto_unsupported() if any(w in plan.workloads for w in AUTO_WORKLOADS) else None
+    auto = any(w in plan.workloads for w in AUTO_WORKLOADS) and unsupported is None
+    results: dict[Key, Result] = {}
+    first = _jobs(plan, mods, busy_rounds, sources, 0, auto)
+    total = len(first) * plan.reps  # every repetition has the same jobs
     bar = _progress(total) if progress else None
     for rep in range(plan.reps):
-        jobs = first if rep == 0 else _jobs(plan, mods, busy_rounds, sources)
+        jobs = first if rep == 0 else _jobs(plan, mods, busy_rounds, sources, rep, auto)
         for workload, name, workers, variant, measure in jobs:
             if bar is not None:
                 bar.set_description(f"{workload} {name} w={workers} {variant}".strip())
@@ -602,6 +739,12 @@ def run(plan: Plan, progress: bool = True) -> dict[str, Any]:
             for r in rows
         ],
         "w3_scaling": w3_scaling(rows),
+        "stats_overhead": stats_overhead(rows),
+        "auto": {
+            "run": auto,
+            "note": None if unsupported is None else f'num_workers="auto" not run: this stoker refuses it ({unsupported})',
+            "workloads": auto_vs_best(rows),
+        },
         "targets": targets(rows, ceiling),
     }
 
@@ -644,7 +787,7 @@ def environment_line(machine: dict[str, Any]) -> str:
     )
 
 
-def _result(results: dict[tuple[str, str, int, str], Result], key: tuple[str, str, int, str]) -> Result:
+def _result(results: dict[Key, Result], key: Key) -> Result:
     result = results.get(key)
     if result is None:
         workload = key[0]
@@ -662,8 +805,9 @@ def _result(results: dict[tuple[str, str, int, str], Result], key: tuple[str, st
     return result
 
 
-def _record(results: dict[tuple[str, str, int, str], Result], key: tuple[str, str, int, str], value: Any) -> None:
-    """Adds one measurement; W6's two measures of a boundary become two rows."""
+def _record(results: dict[Key, Result], key: Key, value: Any) -> None:
+    """Adds one measurement; W6's two measures of a boundary become two rows, and so do the two
+    epochs of a stats pair ("stats on", "stats off": value i of each is pair i)."""
     workload, name, workers, _ = key
     if workload == "W6":
         cost = _result(results, key)
@@ -675,16 +819,31 @@ def _record(results: dict[tuple[str, str, int, str], Result], key: tuple[str, st
                 row.extra.setdefault(field_name, []).append(seconds)
     elif workload == "W5":
         _result(results, key).values.append(float(value))
+    elif isinstance(value, StatsPair):
+        for variant, timing in (("stats on", value.on), ("stats off", value.off)):
+            row = _record_timing(results, (workload, name, workers, variant), timing)
+            row.extra.setdefault("on_first", []).append(float(value.on_first))
     else:
-        timing: EpochTiming = value
-        windowed = timing.steady is not None
-        result = _result(results, key)
-        result.values.append(timing.steady if timing.steady is not None else timing.whole)
-        main_us = timing.main_us if timing.main_us is not None else timing.whole_main_us
-        result.extra.setdefault("main_us_per_batch", []).append(main_us)
-        result.extra.setdefault("with_startup", []).append(timing.whole)
-        result.extra.setdefault("main_us_per_batch_with_startup", []).append(timing.whole_main_us)
-        result.extra.setdefault("windowed", []).append(float(windowed))
+        row = _record_timing(results, key, value)
+        if value.chosen is not None:
+            chosen: Chosen = value.chosen
+            row.choices.append(chosen.choice)
+            row.extra.setdefault("chosen_workers", []).append(float(chosen.num_workers))
+            # 0: none (0 workers)
+            row.extra.setdefault("chosen_prefetch", []).append(float(chosen.prefetch_factor or 0))
+
+
+def _record_timing(results: dict[Key, Result], key: Key, timing: EpochTiming) -> Result:
+    windowed = timing.steady is not None
+    result = _result(results, key)
+    result.values.append(timing.steady if timing.steady is not None else timing.whole)
+    main_us = timing.main_us if timing.main_us is not None else timing.whole_main_us
+    result.extra.setdefault("main_us_per_batch", []).append(main_us)
+    result.extra.setdefault("with_startup", []).append(timing.whole)
+    result.extra.setdefault("main_us_per_batch_with_startup", []).append(timing.whole_main_us)
+    result.extra.setdefault("windowed", []).append(float(windowed))
+    result.extra.setdefault("first_batch_s", []).append(timing.first_s)
+    return result
 
 
 def _progress(total: int) -> Any:
@@ -696,7 +855,7 @@ def _progress(total: int) -> Any:
 
 
 # ------------------------------------------------------------------- targets
-def _find(rows: list[Result], workload: str, loader: str, workers: int, variant: str = "") -> Result | None:
+def _find(rows: list[Result], workload: str, loader: str, workers: Workers, variant: str = "") -> Result | None:
     for r in rows:
         if (r.workload, r.loader, r.workers, r.variant) == (workload, loader, workers, variant):
             return r
@@ -704,6 +863,8 @@ def _find(rows: list[Result], workload: str, loader: str, workers: int, variant:
 
 
 W7_TARGET_AT_14 = 1.5  # stoker.torch vs torch at 14 workers (a 16-core machine)
+STATS_OVERHEAD_MAX = 0.02  # stats=True vs stats=False on W1, median of the pairs' off/on - 1
+AUTO_VS_BEST_MIN = 0.85  # num_workers="auto" over the best hand-picked number of workers
 W7_BATCH_COST_GROWTH = 1.25  # main-process µs/batch at b256 over b64, at most
 
 
@@ -781,7 +942,9 @@ def targets(rows: list[Result], ceiling: float) -> list[dict[str, Any]]:
                 "shown": f"{seconds * 1e3:.2f} ms = {cost.median:.2f} batch times (target <= 1)",
             }
         )
-    w7_workers = sorted({r.workers for r in rows if r.workload == "W7" and r.workers > 0})
+    w7_workers = sorted(
+        {r.workers for r in rows if r.workload == "W7" and isinstance(r.workers, int) and r.workers > 0}
+    )
     for workers in w7_workers:
         need = W7_TARGET_AT_14 if workers == 14 else 1.0
         ratio_target(f"W7 b256 w={workers}", "W7", need, "b256", workers=workers)
@@ -799,6 +962,94 @@ def targets(rows: list[Result], ceiling: float) -> list[dict[str, Any]]:
                     f"= {growth:.2f}x (target <= {W7_BATCH_COST_GROWTH:g}x)",
                 }
             )
+    for entry in stats_overhead(rows):
+        overhead = entry["overhead"]
+        out.append(
+            {
+                "target": f"W1 stats overhead w={entry['workers']} (stoker, stats=True vs stats=False)",
+                "met": overhead < STATS_OVERHEAD_MAX,
+                "value": overhead,
+                "shown": f"{overhead:+.1%} (median of {entry['pairs']} pairs; {_fmt_rate(entry['on'])} samples/s on, "
+                f"{_fmt_rate(entry['off'])} off) (target < {STATS_OVERHEAD_MAX:.0%})",
+            }
+        )
+    for entry in auto_vs_best(rows):
+        ratio = entry["ratio"]
+        out.append(
+            {
+                "target": f"{entry['workload']} auto vs best hand-picked (stoker)",
+                "met": ratio >= AUTO_VS_BEST_MIN,
+                "value": ratio,
+                "shown": f"{ratio:.2f}x of w={entry['best_workers']} from iter() to the end, probe and start-up "
+                f"included (steady state: {entry['steady_ratio']:.2f}x of w={entry['steady_best_workers']}) "
+                f"(target >= {AUTO_VS_BEST_MIN:g}x)",
+            }
+        )
+    return out
+
+
+def stats_overhead(rows: list[Result]) -> list[dict[str, Any]]:
+    """Per number of workers, what stats=True costs on W1 (stoker): the pairs' samples/s on
+    and off (medians), each pair's off/on - 1 and their median (`pair_overhead`)."""
+    out = []
+    for on in rows:
+        if (on.workload, on.loader, on.variant) != ("W1", "stoker", "stats on"):
+            continue
+        off = _find(rows, "W1", "stoker", on.workers, "stats off")
+        if off is None or len(off.values) != len(on.values):
+            continue
+        out.append(
+            {
+                "workers": on.workers,
+                "pairs": len(on.values),
+                "overhead": pair_overhead(on.values, off.values),
+                "per_pair": [b / a - 1 for a, b in zip(on.values, off.values)],
+                "on": on.median,
+                "off": off.median,
+                "main_us_on": on.main_us_per_batch,
+                "main_us_off": off.main_us_per_batch,
+            }
+        )
+    return out
+
+
+def auto_vs_best(rows: list[Result]) -> list[dict[str, Any]]:
+    """Per workload of W1-W3 run with num_workers="auto": its samples/s against the best
+    hand-picked stoker row of the same workload (over every number of workers run), from iter()
+    to the end of the epoch (the loader's probe and worker start-up included, as they are for
+    the hand-picked rows' start-up) and, for reference, in the steady state; and the choices."""
+    out = []
+    for workload in AUTO_WORKLOADS:
+        auto = _find(rows, workload, "stoker", AUTO)
+        picked = [r for r in rows if (r.workload, r.loader, r.variant) == (workload, "stoker", "") and r is not auto]
+        if auto is None or not picked:
+            continue
+
+        def whole(r: Result) -> float:
+            return statistics.median(r.extra["with_startup"])
+
+        def first(r: Result) -> float | None:
+            return statistics.median(r.extra["first_batch_s"]) if r.extra.get("first_batch_s") else None
+
+        best = max(picked, key=whole)
+        steady_best = max(picked, key=lambda r: r.median)
+        out.append(
+            {
+                "workload": workload,
+                "auto": whole(auto),
+                "best": whole(best),
+                "best_workers": best.workers,
+                "ratio": whole(auto) / whole(best),
+                "auto_first_s": first(auto),
+                "best_first_s": first(best),
+                "auto_steady": auto.median,
+                "steady_best": steady_best.median,
+                "steady_best_workers": steady_best.workers,
+                "steady_ratio": auto.median / steady_best.median,
+                "chosen_workers": [int(w) for w in auto.extra.get("chosen_workers", [])],
+                "choices": list(auto.choices),
+            }
+        )
     return out
 
 
@@ -807,7 +1058,7 @@ def w3_scaling(rows: list[Result]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         base = _find(rows, "W3", r.loader, 0)
-        if r.workload == "W3" and r.workers > 0 and base is not None:
+        if r.workload == "W3" and isinstance(r.workers, int) and r.workers > 0 and base is not None:
             out.append(
                 {"loader": r.loader, "workers": r.workers, "scaling": r.median / (r.workers * base.median)}
             )
@@ -866,6 +1117,40 @@ def table(report: dict[str, Any]) -> str:
         lines.append("W3 scaling (samples/s at N workers / (N x samples/s at 0 workers)):")
         for entry in report["w3_scaling"]:
             lines.append(f"  {entry['loader']:<14}{entry['workers']:>3} workers  {entry['scaling']:.0%}")
+    if report.get("stats_overhead"):
+        lines.append("")
+        lines.append(
+            "W1 stats overhead (stoker, stats=True vs stats=False: pairs of epochs back to back, the first of "
+            "each pair alternating; median over the pairs of off/on - 1):"
+        )
+        for entry in report["stats_overhead"]:
+            pairs = " ".join(f"{x:+.1%}" for x in entry["per_pair"])
+            lines.append(
+                f"  w={entry['workers']:<3} on {_fmt_rate(entry['on']):>7}/s  off {_fmt_rate(entry['off']):>7}/s  "
+                f"main µs/batch on {_fmt_us(entry['main_us_on'])} off {_fmt_us(entry['main_us_off'])}  "
+                f"overhead {entry['overhead']:+.1%}  (pairs: {pairs})"
+            )
+    auto = report.get("auto") or {}
+    if auto.get("note"):
+        lines.append("")
+        lines.append(auto["note"])
+    if auto.get("workloads"):
+        lines.append("")
+        lines.append(
+            'auto (stoker, num_workers="auto", prefetch_factor="auto") vs the best hand-picked stoker row, '
+            "samples/s from iter() to the end (the probe and start-up included):"
+        )
+        for entry in auto["workloads"]:
+            first = ""
+            if entry.get("auto_first_s") is not None and entry.get("best_first_s") is not None:
+                first = f"; first batch after {entry['auto_first_s'] * 1e3:.0f} ms vs {entry['best_first_s'] * 1e3:.0f} ms"
+            lines.append(
+                f"  {entry['workload']}  auto {_fmt_rate(entry['auto'])}/s vs {_fmt_rate(entry['best'])}/s at "
+                f"w={entry['best_workers']}: {entry['ratio']:.2f}x (steady state {entry['steady_ratio']:.2f}x){first}; "
+                f"chose num_workers {', '.join(map(str, entry['chosen_workers']))}"
+            )
+            for choice, count in collections.Counter(entry["choices"]).items():
+                lines.append(f"      {count}x: {choice}")
     lines.append("")
     lines.append(
         "W1-W4, W7: steady-state samples/s in the middle of one epoch of a fresh loader, and the main "
@@ -890,14 +1175,21 @@ def table(report: dict[str, Any]) -> str:
     lines.append(environment_line(report["machine"]))
     if report["targets"]:
         lines.append("")
-        lines.append("targets (stoker.torch vs torch.utils.data; W1-W6 at num_workers=2, W7 at each):")
+        lines.append(
+            "targets (stoker.torch vs torch.utils.data: W1-W6 at num_workers=2, W7 at each; "
+            "stats overhead and auto: stoker against itself):"
+        )
         for t in report["targets"]:
             lines.append(f"  {'MET   ' if t['met'] else 'MISSED'} {t['target']}: {t['shown']}")
     return "\n".join(lines)
 
 
+STATS_VARIANTS = ("stats on", "stats off")  # drawn in their own panel, not with the samples/s
+
+
 def chart(report: dict[str, Any], path: str) -> bool:
-    """A bar chart of samples/s per workload and loader; False when matplotlib is missing."""
+    """The report's chart (see `figure`) as a PNG; False when matplotlib is missing or there is
+    nothing to draw."""
     try:
         import matplotlib
 
@@ -905,27 +1197,77 @@ def chart(report: dict[str, Any], path: str) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    rows = [r for r in report["results"] if r["unit"] == "samples/s"]
+    fig = figure(report)
+    if fig is None:
+        return False
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def figure(report: dict[str, Any]) -> Any:
+    """A matplotlib figure of a report, or None when it has nothing to draw. Top row: samples/s
+    per workload and loader (the auto rows in their workload's panel). Bottom row, when
+    measured: W1's stats overhead per number of workers (each pair a dot, the median a bar, the
+    2 % line), and "auto" over the best hand-picked setting per workload (the 0.85 line)."""
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report["results"] if r["unit"] == "samples/s" and r["variant"] not in STATS_VARIANTS]
 
     def panel(r: dict[str, Any]) -> str:
         return f"{r['workload']} {r['variant']}".strip()
 
     workloads = sorted({panel(r) for r in rows})
-    if not workloads:
-        return False
-    fig, axes = plt.subplots(1, len(workloads), figsize=(4 * len(workloads), 3.6), squeeze=False)
-    for ax, workload in zip(axes[0], workloads):
-        mine = [r for r in rows if panel(r) == workload]
-        labels = [f"{r['loader']}\nw={r['workers']}" for r in mine]
-        ax.bar(range(len(mine)), [r["median"] for r in mine], color=[_colour(r["loader"]) for r in mine])
-        ax.set_xticks(range(len(mine)), labels, fontsize=6, rotation=90)
-        ax.set_title(workload)
-        ax.set_ylabel("samples/s")
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
+    overhead = report.get("stats_overhead") or []
+    auto = (report.get("auto") or {}).get("workloads") or []
+    below = int(bool(overhead)) + int(bool(auto))
+    if not workloads and not below:
+        return None
+    columns = max(len(workloads), below, 1)
+    fig = plt.figure(figsize=(4 * columns, 3.6 * (int(bool(workloads)) + int(bool(below)))), layout="constrained")
+    subfigs = fig.subfigures(int(bool(workloads)) + int(bool(below)), 1, squeeze=False)[:, 0]
+    if workloads:
+        axes = subfigs[0].subplots(1, len(workloads), squeeze=False)[0]
+        for ax, workload in zip(axes, workloads):
+            mine = [r for r in rows if panel(r) == workload]
+            labels = [f"{r['loader']}\nw={r['workers']}" for r in mine]
+            bars = ax.bar(range(len(mine)), [r["median"] for r in mine], color=[_colour(r["loader"]) for r in mine])
+            for bar, r in zip(bars, mine):
+                if r["workers"] == AUTO:
+                    bar.set_hatch("//")
+            ax.set_xticks(range(len(mine)), labels, fontsize=6, rotation=90)
+            ax.set_title(workload)
+            ax.set_ylabel("samples/s")
+    if below:
+        axes = iter(subfigs[-1].subplots(1, below, squeeze=False)[0])
+        if overhead:
+            ax = next(axes)
+            xs = range(len(overhead))
+            ax.bar(xs, [100 * e["overhead"] for e in overhead], color=_colour("stoker"), label="median")
+            for x, entry in zip(xs, overhead):
+                ax.plot([x] * len(entry["per_pair"]), [100 * v for v in entry["per_pair"]], "k.", markersize=4)
+            ax.axhline(100 * STATS_OVERHEAD_MAX, color="#c0392b", linestyle="--", label="target < 2 %")
+            ax.axhline(0, color="black", linewidth=0.5)
+            ax.set_xticks(xs, [f"w={e['workers']}" for e in overhead])
+            ax.set_ylabel("off / on - 1, % (> 0: stats on slower)")
+            ax.set_title(f"W1 stats overhead (pairs, median of {overhead[0]['pairs']})")
+            ax.legend(fontsize=6)
+        if auto:
+            ax = next(axes)
+            xs = range(len(auto))
+            ax.bar(xs, [e["ratio"] for e in auto], color=_colour("stoker"))
+            for x, entry in zip(xs, auto):
+                chosen = ",".join(map(str, sorted(set(entry["chosen_workers"]))))
+                ax.annotate(f"chose w={chosen}\nbest w={entry['best_workers']}", (x, entry["ratio"]),
+                            ha="center", va="bottom", fontsize=6)
+            ax.axhline(AUTO_VS_BEST_MIN, color="#c0392b", linestyle="--", label=f"target >= {AUTO_VS_BEST_MIN:g}")
+            ax.set_xticks(xs, [e["workload"] for e in auto])
+            ax.set_ylim(0, max(1.15, *(e["ratio"] * 1.15 for e in auto)))
+            ax.set_ylabel("auto / best hand-picked (iter() to end)")
+            ax.set_title('num_workers="auto" vs best hand-picked')
+            ax.legend(fontsize=6, loc="lower right")
+    return fig
 
 
 def _colour(loader: str) -> str:
