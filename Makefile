@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 test: $(STAMP)
-	$(PY) -m ruff check src tests $(wildcard benchmarks)
+	$(PY) -m ruff check src tests $(wildcard benchmarks) $(wildcard examples)
 	$(PY) -m mypy
 	$(PY) -m pytest -q
 
@@ -27,7 +27,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/resume_cost.py
 
 lint: $(STAMP)
-	$(PY) -m ruff check src tests $(wildcard benchmarks)
+	$(PY) -m ruff check src tests $(wildcard benchmarks) $(wildcard examples)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -37,6 +37,25 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", default=None, help="where to write all measurements (default: OUT_DIR/bench.json)")
     bench.add_argument("--png", default=None, help="where to write the chart (default: OUT_DIR/bench.png)")
     bench.add_argument("--no-torch", action="store_true", help="skip stoker.torch and torch.utils.data")
+    doctor = commands.add_parser(
+        "doctor",
+        help="is the loader the bottleneck? measure a dataset or DataLoader and recommend a setting",
+        description="MODULE:FACTORY names a zero-argument callable (MODULE: a dotted module name or a "
+        "path to a .py file) that returns a map-style or iterable dataset or a DataLoader (stoker's, "
+        "stoker.torch's or torch's). Within --seconds it times dataset[i] and collate in this process, "
+        "sweeps num_workers (processes and threads) and prefetch_factor, reads each worker process's "
+        "memory, and prints a table, a recommendation, the headroom and the traps it found.",
+    )
+    doctor.add_argument("target", metavar="MODULE:FACTORY", help="e.g. examples/image_pipeline.py:make_loader")
+    doctor.add_argument("--seconds", type=float, default=60.0, help="time budget for the whole run (default 60)")
+    doctor.add_argument(
+        "--batch-size", type=int, default=32, help="batch size when FACTORY returns a dataset (default 32)"
+    )
+    doctor.add_argument(
+        "--step-ms", type=float, default=None, help="your model's step per batch in ms: estimate and measure readiness"
+    )
+    doctor.add_argument("--plot", default=None, metavar="PNG", help="write a chart (needs matplotlib)")
+    doctor.add_argument("--json", default=None, metavar="PATH", help="write every figure as JSON")
     return parser
 
 
@@ -45,7 +64,51 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "bench":
         return _bench(args)
+    if args.command == "doctor":
+        return _doctor(args)
     return 2
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    # Every problem is one line on stderr: the target's (import, factory, what it returned:
+    # exit 2) or the measurement's (the dataset raised: exit 1). No traceback.
+    import time
+
+    started = time.perf_counter()
+    from . import doctor
+
+    if args.seconds <= 0 or args.batch_size < 1 or (args.step_ms is not None and args.step_ms <= 0):
+        print("stoker doctor: --seconds, --batch-size and --step-ms take positive numbers", file=sys.stderr)
+        return 2
+    try:
+        made = doctor.load_target(args.target)
+        target = doctor.describe_target(args.target, made, args.batch_size)
+    except doctor.DoctorError as exc:
+        print(f"stoker doctor: {exc}", file=sys.stderr)
+        return 2
+    reserve_s = 1.0 if args.plot else 0.3  # importing matplotlib and drawing take most of a second
+    try:
+        report = doctor.run(target, args.seconds, args.step_ms, started=started, reserve_s=reserve_s)
+    except doctor.MeasureError as exc:
+        print(f"stoker doctor: {args.target}: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        text = str(exc).strip().splitlines()
+        print(
+            f"stoker doctor: {args.target}: measuring failed: {type(exc).__name__}: {text[0] if text else ''}",
+            file=sys.stderr,
+        )
+        return 1
+    print(doctor.render(report), flush=True)
+    if args.json:
+        doctor.save_json(report, args.json)
+        print(f"wrote {args.json}")
+    if args.plot:
+        if doctor.plot(report, args.plot):
+            print(f"wrote {args.plot}")
+        else:
+            print("matplotlib is not installed: no chart (pip install stoker[bench])")
+    return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
