@@ -31,7 +31,6 @@ import os
 import time
 import warnings
 import weakref
-from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from .bar import EpochBar
@@ -76,7 +75,15 @@ class LoaderIterator(Generic[T]):
         self._pin_inline = pin if plan.num_workers == 0 else None
         self._pinner = PinThread(pin, init=device_setup()) if pin is not None and plan.num_workers > 0 else None
         self._engine: Engine = make_engine(plan, self._base_seed)
-        self._close = weakref.finalize(self, _shut_down, self._engine, self._pinner, self._progress)
+        # one Recorder for the iterator's life, counting each epoch afresh (see _begin_stats)
+        self._recorder = (
+            Recorder(plan.first_epoch, plan.num_workers, plan.prefetch_factor, plan.threads, [], plan.choice)
+            if plan.stats
+            else None
+        )
+        self._close = weakref.finalize(
+            self, _shut_down, self._engine, self._pinner, self._progress, self._recorder
+        )
         self._engine.start()
         iterable_index: dict[str, Any] = {}
         if plan.iterable:
@@ -91,8 +98,6 @@ class LoaderIterator(Generic[T]):
             first_worker = (plan.resume.get("iterable") or {}).get("next_worker", 0)
         self._scheduler.begin_epoch(first_source, start=start, skip=skip, first_worker=first_worker)
         self._progress.scheduler = self._scheduler
-        self._recorder: Recorder | None = None
-        self._stats_holder: list[Recorder | None] = [None]  # shared with loader.stats()
         self._bar: EpochBar | None = None
         self._begin_stats(plan.first_epoch, begun)
         self._pump()
@@ -446,22 +451,15 @@ class LoaderIterator(Generic[T]):
             self._take(self._engine.poll(0))  # what has arrived counts as ready (deaths: next())
         return self._recorder.snapshot(self._scheduler.ready_count())
 
-    def stats_after_close(self) -> Callable[[], LoaderStats]:
-        """What reads this iterator's latest figures once it is gone (for `loader.stats()`);
-        it holds the figures, not the iterator."""
-        holder = self._stats_holder
-
-        def read() -> LoaderStats:
-            recorder = holder[0]
-            assert recorder is not None
-            recorder.stop()
-            return recorder.snapshot(0)
-
-        return read
+    @property
+    def recorder(self) -> Recorder | None:
+        """The running totals behind `stats()` (its loader keeps them for `loader.stats()`)."""
+        return self._recorder
 
     def _begin_stats(self, epoch: int | None, begun: float) -> None:
         plan = self._plan
-        if not plan.stats:
+        recorder = self._recorder
+        if recorder is None:
             return
         engine = self._engine
         if plan.num_workers == 0:
@@ -469,9 +467,7 @@ class LoaderIterator(Generic[T]):
         else:
             pids = [engine.pid(w) for w in range(plan.num_workers)]
         number = plan.first_epoch if epoch is None else epoch
-        recorder = Recorder(number, plan.num_workers, plan.prefetch_factor, plan.threads, pids, plan.choice)
-        recorder.start = begun
-        self._recorder = self._stats_holder[0] = recorder
+        recorder.begin(number, begun, pids)
         if plan.progress:
             total = _length(plan.index_sampler) if not plan.iterable else None
             self._bar = EpochBar(total, number)
@@ -489,10 +485,12 @@ class LoaderIterator(Generic[T]):
             bar.close(self._recorder)
 
 
-def _shut_down(engine: Engine, pinner: PinThread | None, progress: Progress) -> None:
+def _shut_down(engine: Engine, pinner: PinThread | None, progress: Progress, recorder: Recorder | None) -> None:
     """The one shutdown procedure: the position is kept (without the batches in flight),
-    then the workers and the pin thread stop."""
+    the statistics' clock stops, then the workers and the pin thread stop."""
     progress.freeze()
+    if recorder is not None and not recorder.ending:  # an epoch that ended stops at its next()'s return
+        recorder.stop()
     try:
         engine.close()
     finally:

@@ -37,7 +37,7 @@ from .resume import ELASTIC_KEYS, Progress, capture_epoch, make_elastic
 from .resume import VERSION as STATE_VERSION
 from .resume import check as check_resume
 from .resume import describe as describe_resume
-from .stats import LoaderStats, clock
+from .stats import LoaderStats, Recorder, clock
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -339,7 +339,7 @@ class DataLoader(Generic[T_co]):
         self._latest: Progress | None = None  # how far the latest iterator got: state_dict reads it
         self._resume: dict[str, Any] | None = None  # a loaded state, for the next iter()
         self._last_iterator: weakref.ref[LoaderIterator[Any]] | None = None  # for stats()
-        self._last_stats: Callable[[], LoaderStats] | None = None
+        self._last_recorder: Recorder | None = None  # kept when that iterator is dropped
         self.__initialized = True
         if not auto_workers:
             warn_if_too_many_workers(workers_given, stacklevel=3)
@@ -484,7 +484,7 @@ class DataLoader(Generic[T_co]):
         iterator: LoaderIterator[Any] = LoaderIterator(self._plan(resume), begun)
         self._latest = iterator.progress
         self._last_iterator = weakref.ref(iterator)
-        self._last_stats = iterator.stats_after_close() if self.stats_enabled else None
+        self._last_recorder = iterator.recorder
         self._epochs_started += 1
         if persistent:
             self._iterator = iterator
@@ -570,9 +570,9 @@ class DataLoader(Generic[T_co]):
         iterator = self._last_iterator() if self._last_iterator is not None else None
         if iterator is not None:
             return iterator.stats()
-        if self._last_stats is None:
+        if self._last_recorder is None:
             raise RuntimeError("this DataLoader has not been iterated yet: stats() describes an epoch begun by iter()")
-        return self._last_stats()
+        return self._last_recorder.snapshot(0)
 
     def check_worker_number_rationality(self) -> None:
         """Warn (as torch does) when num_workers exceeds the CPUs this process may use."""

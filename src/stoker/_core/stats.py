@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import Any
 
 import numpy as np
@@ -148,25 +148,29 @@ class Recorder:
         pids: list[int | None],
         choice: str | None = None,
     ) -> None:
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self.thread_pool = thread_pool
+        self.choice = choice
+        self.begin(epoch, clock(), pids)
+
+    def begin(self, epoch: int, start: float, pids: list[int | None]) -> None:
+        """Count a new epoch from `start` (the consumer's `iter()`), with these workers."""
         self.epoch = epoch
-        self.start = clock()
+        self.start = start
         self.stopped: float | None = None
         self.ending = False  # the epoch ended: the clock stops when the current next() returns
         self.wait_s = 0.0
         self.batches = 0
         self.samples = 0
         self.bytes = 0
-        n = max(num_workers, 1)
+        n = max(self.num_workers, 1)
         self.made = [0] * n
         self.busy = [0.0] * n
         self.fetch = [0.0] * n
         self.collate = [0.0] * n
         self.restarts = [0] * n
         self.pids = pids
-        self.num_workers = num_workers
-        self.prefetch_factor = prefetch_factor
-        self.thread_pool = thread_pool
-        self.choice = choice
 
     def received(self, worker_id: int, work: Work) -> None:
         """A worker's batch arrived."""
@@ -243,6 +247,10 @@ def _sequence(obj: Any) -> int:
     return sum([array_bytes(v) for v in obj])
 
 
+def _dataclass(obj: Any) -> int:
+    return sum([array_bytes(getattr(obj, f.name)) for f in fields(obj)])
+
+
 _HANDLERS: dict[type, Any] = {
     np.ndarray: _nbytes, dict: _mapping, list: _sequence, tuple: _sequence,
     int: _zero, float: _zero, str: _zero, bytes: _zero, bool: _zero, type(None): _zero,
@@ -259,12 +267,14 @@ def _handler(kind: type) -> Any:
         return _mapping
     if issubclass(kind, (list, tuple)):
         return _sequence
+    if is_dataclass(kind):
+        return _dataclass
     return _zero
 
 
 def array_bytes(obj: Any) -> int:
-    """Bytes of the numpy arrays and torch tensors in a batch (dicts, lists and tuples are
-    walked; anything else counts 0)."""
+    """Bytes of the numpy arrays and torch tensors in a batch (dicts, lists, tuples and
+    dataclasses are walked; anything else counts 0)."""
     kind = type(obj)
     handler = _HANDLERS.get(kind)
     if handler is None:

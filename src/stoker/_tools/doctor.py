@@ -44,6 +44,8 @@ from typing import Any
 import numpy as np
 
 from .._core import seeding
+from .._core.loader import usable_cpus
+from .._core.stats import array_bytes
 from .._data.datasets import is_iterable_dataset
 
 # ------------------------------------------------------------------------- constants
@@ -357,21 +359,6 @@ def touch(batch: Any) -> int:
     return 1
 
 
-def batch_bytes(batch: Any) -> int:
-    """Bytes of the numpy arrays and torch tensors in a batch."""
-    if isinstance(batch, np.ndarray):
-        return int(batch.nbytes)
-    if hasattr(batch, "element_size") and hasattr(batch, "nelement"):
-        return int(batch.element_size() * batch.nelement())
-    if isinstance(batch, dict):
-        return sum(batch_bytes(v) for v in batch.values())
-    if isinstance(batch, (list, tuple)):
-        return sum(batch_bytes(v) for v in batch)
-    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
-        return sum(batch_bytes(getattr(batch, f.name)) for f in dataclasses.fields(batch))
-    return 0
-
-
 def batch_len(batch: Any, default: int) -> int:
     """Samples in a batch: the leading dimension of its first array leaf, else `default`."""
     shape = getattr(batch, "shape", None)
@@ -495,7 +482,7 @@ def profile_fetch(target: Target, collate_fn: Callable[[Any], Any], time_s: floa
         fetch_p10_ms=float(np.percentile(ms, 10)),
         fetch_max_ms=float(ms.max()),
         collate_ms=float(np.median(collate_times)) * 1000 if collate_times else None,
-        batch_bytes=batch_bytes(batches[0]) if batches else None,
+        batch_bytes=array_bytes(batches[0]) if batches else None,
         batch_size=size,
         batches=batches,
     )
@@ -1143,14 +1130,6 @@ def _load_average() -> float | None:
         return None
 
 
-def usable_cpus() -> int:
-    """CPUs this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def _say(message: str) -> None:
     print(f"doctor: {message}", file=sys.stderr, flush=True)
 
@@ -1235,7 +1214,7 @@ def run(
     is kept back for what follows (rendering, a chart)."""
     started = time.perf_counter() if started is None else started
     deadline = started + seconds
-    cpus = cpus or usable_cpus()
+    cpus = cpus or usable_cpus() or 1
     method = target.start_method()
     flavour = "stoker.torch.DataLoader" if target.flavour == "torch" else "stoker.DataLoader"
     try:
