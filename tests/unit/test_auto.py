@@ -190,19 +190,6 @@ def test_auto_prefetch_with_a_given_worker_count() -> None:
     assert "num_workers=1" in loader.stats().choice
 
 
-def test_state_dict_resolves_the_choice_and_resumes() -> None:
-    data = np.arange(40)
-    loader = stoker.DataLoader(data, batch_size=4, num_workers="auto", shuffle=True)
-    iterator = iter(loader)
-    seen = [next(iterator) for _ in range(3)]
-    state = loader.state_dict()
-    assert isinstance(loader.num_workers, int) and len(seen) == 3
-    rest = [b.tolist() for b in iterator]
-    other = stoker.DataLoader(data, batch_size=4, num_workers="auto", shuffle=True)
-    other.load_state_dict(state)
-    assert [b.tolist() for b in other] == rest and len(rest) == 7
-
-
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
@@ -223,3 +210,32 @@ def test_auto_accepts_a_start_method_and_persistent_workers() -> None:
     for _ in range(2):
         assert len(list(loader)) == 6
     assert loader.num_workers >= 1
+
+
+def test_head_chooses_after_enough_batches_or_enough_time() -> None:
+    start = auto.AutoStart(
+        cpus=2, auto_prefetch=True, prefetch_factor=None, persistent=False, arena=None,
+        on_choice=lambda choice, iterator: None,
+    )
+    head = auto.Head(start)
+    head.add(None)  # a batch that raised tells nothing
+    assert not head.done() and head.decide().num_workers == 0
+    for _ in range(auto.PROBE_BATCHES - 1):
+        head.add((4, 64, 0.010, 0.001, 0.011))
+    assert not head.done()
+    head.add((4, 64, 0.010, 0.001, 0.011))
+    assert head.done()
+    choice = head.decide()  # 11 ms batches on 2 CPUs: workers pay off
+    assert choice.num_workers == 2 and "first batches, fetched in the main process" in choice.reason
+    slow = auto.Head(start)
+    slow.add((4, 64, auto.PROBE_BUDGET_S, 0.0, auto.PROBE_BUDGET_S))
+    assert slow.done()  # one batch as long as the budget is enough
+    cheap = auto.Head(start)
+    for count in range(1, auto.PROBE_MAX_BATCHES + 1):
+        cheap.add((4, 64, 0.0001, 0.0, 0.0001))  # 0.1 ms batches: timed until the cap
+        assert cheap.done() == (count == auto.PROBE_MAX_BATCHES)
+    assert cheap.decide().num_workers == 0
+    medium = auto.Head(start)
+    for count in range(1, 11):
+        medium.add((4, 64, 0.002, 0.0, 0.002))  # 2 ms batches: timed until they add up to 20 ms
+        assert medium.done() == (count * 0.002 >= auto.PROBE_MIN_S - 1e-9)

@@ -188,7 +188,7 @@ def test_pairs_per_rep_gives_at_least_the_pairs_asked_in_every_repetition(
     pairs: int, reps: int, per_rep: int
 ) -> None:
     assert bench.pairs_per_rep(bench.Sizes(stats_pairs=pairs), reps) == per_rep
-    assert bench.Sizes().stats_pairs >= 5 and bench.Sizes.quick().stats_pairs == 2
+    assert bench.Sizes().stats_pairs >= 15 and bench.Sizes.quick().stats_pairs == 2
 
 
 class _FakeAutoLoader:
@@ -232,8 +232,9 @@ def _synthetic_rows() -> list[bench.Result]:
         rows.append(_timed("W1", workers, "stats on", on, on))
         rows.append(_timed("W1", workers, "stats off", off, off))
     for workers, rate in ((0, 100.0), (1, 150.0), (2, 180.0)):
-        rows.append(_timed("W1", workers, "", [rate], [rate * 0.9]))
-        rows.append(_timed("W3", workers, "", [rate / 10], [rate / 10]))
+        for variant in ("", bench.AUTO_REF):  # the workload's rows, and the epochs next to auto's
+            rows.append(_timed("W1", workers, variant, [rate], [rate * 0.9]))
+            rows.append(_timed("W3", workers, variant, [rate / 10], [rate / 10]))
     auto = _timed("W1", bench.AUTO, "", [178.0], [153.0])  # 153 / (180 * 0.9) = 0.944
     auto.choices = ["num_workers=2, prefetch_factor=2 (tiny samples)"]
     auto.extra["chosen_workers"] = [2.0]
@@ -276,7 +277,7 @@ def test_stats_overhead_and_auto_figures_and_targets() -> None:
     assert w0["met"] and w0["value"] == pytest.approx(0.005) and "(target < 2%)" in w0["shown"]
     assert not w2["met"] and "+5.0% (median of 3 pairs" in w2["shown"]
     w1_auto, w3_auto = found["W1 auto vs best hand-picked (stoker)"], found["W3 auto vs best hand-picked (stoker)"]
-    assert w1_auto["met"] and "0.94x of w=2" in w1_auto["shown"] and "(target >= 0.85x)" in w1_auto["shown"]
+    assert w1_auto["met"] and "0.94x of the best hand-picked epoch next to it (median of 1 blocks)" in w1_auto["shown"] and "(target >= 0.85x)" in w1_auto["shown"]
     assert not w3_auto["met"] and w3_auto["value"] == pytest.approx(10 / 18)
     report = _report(rows)
     json.dumps(report)  # JSON-ready
@@ -284,7 +285,10 @@ def test_stats_overhead_and_auto_figures_and_targets() -> None:
     assert "W1 stats overhead (stoker" in text
     assert "main µs/batch on 10.0 off 10.0  overhead +0.5%  (pairs: +1.0% +0.5% -1.0%)" in text
     assert "W1 stats on" in text and "W1 stats off" in text
-    assert "auto 153.0/s vs 162.0/s at w=2: 0.94x (steady state 0.99x); first batch after 200 ms vs 10 ms" in text
+    assert (
+        "auto 153.0/s vs 162.0/s at w=2 (medians): 0.94x (blocks: 0.94; steady state 0.99x); "
+        "first batch after 200 ms vs 10 ms"
+    ) in text
     assert "1x: num_workers=2, prefetch_factor=2 (tiny samples)" in text
     assert "MET    W1 auto vs best hand-picked" in text and "MISSED W3 auto vs best hand-picked" in text
 
@@ -327,11 +331,15 @@ def test_run_measures_interleaved_stats_pairs_and_auto(monkeypatch) -> None:
     assert "W1 stats overhead w=1 (stoker, stats=True vs stats=False)" in names
     if bench.auto_unsupported() is None:
         auto = rows["W1", "stoker", "auto", ""]
-        assert len(auto["values"]) == 2 and len(auto["choices"]) == 2 and all(auto["choices"])
+        blocks = 2 * bench.AUTO_BLOCKS  # per repetition
+        assert len(auto["values"]) == blocks and len(auto["choices"]) == blocks and all(auto["choices"])
+        for workers in (0, 1):  # each block also ran every hand-picked worker count
+            assert len(rows["W1", "stoker", workers, bench.AUTO_REF]["values"]) == blocks
         assert all(0 <= w <= (os.cpu_count() or 1) for w in auto["extra"]["chosen_workers"])
         assert report["auto"]["run"] and report["auto"]["note"] is None
         [entry] = report["auto"]["workloads"]
         assert entry["workload"] == "W1" and entry["ratio"] > 0 and entry["best_workers"] in (0, 1)
+        assert len(entry["per_block"]) == blocks and entry["ratio"] == statistics.median(entry["per_block"])
         assert "W1 auto vs best hand-picked (stoker)" in names
         assert 'auto (stoker, num_workers="auto"' in bench.table(report)
 

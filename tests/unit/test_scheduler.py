@@ -253,3 +253,20 @@ def test_unordered_delivery_gives_every_live_batch_before_a_lost_workers_failure
             got = s.deliver()
     assert [type(r) for r in out] == [Done] * len(live) + [Failed] * owed
     assert out[-1].error[0] == "lost"
+
+
+def test_resize_moves_the_rest_of_an_epoch_to_more_workers() -> None:
+    s = Scheduler(1, 1)
+    s.begin_epoch(iter([[b] for b in range(7)]))
+    first = s.dispatch()
+    assert [w for w, _ in first] == [0]
+    with pytest.raises(RuntimeError, match="outstanding"):
+        s.resize(3, 6)  # task 0 is not answered yet
+    s.complete(0, Done(first[0][1].task_id, "b0"))
+    assert s.deliver() is not None
+    s.resize(3, 6)
+    sent = s.dispatch()
+    # batch b goes to worker b mod 3, the window is 6
+    assert [(w, m.batch) for w, m in sent] == [(1, 1), (2, 2), (0, 3), (1, 4), (2, 5), (0, 6)]
+    with pytest.raises(ValueError, match="at least one worker"):
+        s.resize(0, 1)

@@ -1,10 +1,17 @@
-"""`num_workers="auto"` and `prefetch_factor="auto"`: one choice, made at the first `iter()`.
+"""`num_workers="auto"` and `prefetch_factor="auto"`: one choice, made in the first epoch.
 
-The loader fetches and collates a few probe batches in the main process (on a shallow copy
-of the dataset, inside a fetch scope, with the global RNGs put back afterwards), and
-predicts the batches per second of each worker count from three figures:
+A map-style loader with `num_workers="auto"` starts its first epoch in the main process: the
+first batches are fetched and collated inline, timed, and handed to the consumer like any
+others (`Head`); then the choice is made and the rest of the epoch goes to the chosen
+workers (or stays inline). Nothing is fetched twice and nothing is thrown away. When the
+epoch ends first (a short epoch), the choice is made then and the next epoch uses it. With a
+given worker count and only `prefetch_factor="auto"`, or an IterableDataset, the choice is
+made at the first `iter()` instead (`choose`): a few probe batches are fetched in the main
+process on a shallow copy of the dataset, with the global RNGs put back afterwards.
 
-    t_b   a batch's fetch + collate time (median of the probes)
+The choice predicts the batches per second of each worker count from three figures:
+
+    t_b   a batch's fetch + collate time (median of the probes, the first left out)
     c_m   the main process's CPU per batch when workers make them (receiving, building the
           views, the scheduler, the consumer's loop): MAIN_COST_S measured on the
           development machine, scaled by this machine's speed on a fixed Python loop
@@ -33,21 +40,27 @@ gets min(U - 1, 8) workers (at least 1).
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .fetch import MapFetcher
 from .seeding import restore_globals, seed_main_globals
 from .stats import array_bytes
 
-PROBE_BUDGET_S = 0.3  # probing stops after this long (at least one batch is probed)
-PROBE_BATCHES = 8  # at most
+if TYPE_CHECKING:
+    from .arena import Arena
+
+PROBE_BUDGET_S = 0.2  # probing stops after this much fetch time (at least one batch is probed)
+PROBE_BATCHES = 4  # the first is left out of the median (cold caches) ...
+PROBE_MIN_S = 0.02  # ... and cheap batches are timed until they add up to this
+PROBE_MAX_BATCHES = 32
 MAIN_COST_S = 250e-6  # c_m on the development machine, where SPEED_LOOP took REFERENCE_LOOP_S
-REFERENCE_LOOP_S = 2.8e-3
+REFERENCE_LOOP_S = 0.7e-3
 WORKER_OVERHEAD = 0.25  # a worker's extra cost per batch over inline: encoding, messages
 WORKER_BYTE_S = 0.5e-9  # and per byte of the batch's arrays
 MIN_GAIN = 1.25  # workers must beat inline fetching by this factor to be chosen
@@ -66,13 +79,15 @@ class Choice:
     reason: str
 
 
+@functools.cache
 def speed_loop() -> float:
-    """Seconds this machine takes for a fixed piece of Python work (best of 3)."""
+    """Seconds this machine takes for a fixed piece of Python work (best of 3; measured once
+    per process, in about 2 ms)."""
     best = math.inf
     for _ in range(3):
         start = time.perf_counter()
         table: dict[int, tuple[int, str]] = {}
-        for i in range(20_000):
+        for i in range(5_000):
             table[i & 255] = (i, str(i))
         best = min(best, time.perf_counter() - start)
     return best
@@ -172,8 +187,8 @@ def choose(
     prefetch_factor: int | None,
     auto_prefetch: bool,
 ) -> Choice:
-    """The loader's choice: `workers` None means num_workers="auto" (else the given count)."""
-    memory = available_memory()
+    """The loader's choice at its first `iter()`: `workers` None means num_workers="auto"
+    (else the given count)."""
     if iterable:
         n = workers if workers is not None else min(max(cpus - 1, 1), ITERABLE_MAX_WORKERS)
         prefetch = 2 if auto_prefetch else prefetch_factor
@@ -189,8 +204,25 @@ def choose(
         n = workers if workers is not None else min(max(cpus - 1, 1), ITERABLE_MAX_WORKERS)
         reason = f"num_workers={n} (auto: probing a batch raised {type(exc).__name__}; {cpus} usable CPUs)"
         return Choice(n, (2 if auto_prefetch else prefetch_factor) if n else None, reason)
+    return decide(times, nbytes, cpus=cpus, workers=workers, prefetch_factor=prefetch_factor, auto_prefetch=auto_prefetch)
+
+
+def decide(
+    times: list[float],
+    nbytes: int,
+    *,
+    cpus: int,
+    workers: int | None,
+    prefetch_factor: int | None,
+    auto_prefetch: bool,
+    source: str = "",
+) -> Choice:
+    """The choice from measured batches: their fetch + collate seconds and the largest one's
+    bytes. `workers` None means num_workers="auto" (else the given count); `source` says
+    where the times come from, for the reason."""
     if not times:
         return Choice(0, None, "num_workers=0 (auto: the dataset is empty)")
+    memory = available_memory()
     batch_s = max(statistics.median(times[1:] if len(times) > 2 else times), 1e-7)
     main_s = MAIN_COST_S * speed_loop() / REFERENCE_LOOP_S
     cap = cpus
@@ -204,10 +236,55 @@ def choose(
     if n == 0:
         prefetch = None
     why = (
-        f"a batch takes {batch_s * 1e3:.2f} ms to fetch and collate here (median of {len(times)}, "
-        f"slowest {max(times) * 1e3:.2f} ms, {nbytes / 1e6:.1f} MB), the main process "
+        f"a batch takes {batch_s * 1e3:.2f} ms to fetch and collate here (median of {len(times)}"
+        f"{source}, slowest {max(times) * 1e3:.2f} ms, {nbytes / 1e6:.1f} MB), the main process "
         f"~{main_s * 1e3:.2f} ms to receive one; "
         f"{cpus} usable CPUs: predicted {rate:,.0f} batches/s against {inline:,.0f} inline"
     )
     return Choice(n, prefetch, f"num_workers={n}, prefetch_factor={prefetch} (auto: {why})")
 
+
+@dataclass(frozen=True)
+class AutoStart:
+    """A first epoch that starts inline and then moves to the workers "auto" chooses: what
+    the iterator needs to make the choice and to start them."""
+
+    cpus: int
+    auto_prefetch: bool
+    prefetch_factor: int | None  # as given, when not "auto"
+    persistent: bool  # persistent_workers was asked for (it applies if workers are chosen)
+    arena: Arena | None  # the loader's shared-memory arena, for process workers
+    on_choice: Callable[[Choice, Any], None]  # tells the loader (with the iterator)
+
+
+class Head:
+    """The timed first batches of an "auto" epoch, fetched inline and delivered."""
+
+    def __init__(self, start: AutoStart) -> None:
+        self.start = start
+        self.times: list[float] = []
+        self.nbytes = 0
+
+    def add(self, work: tuple[int, int, float, float, float] | None) -> None:
+        """A delivered batch's timing (None: it raised, and says nothing of the cost)."""
+        if work is not None:
+            self.times.append(work[2] + work[3])
+            self.nbytes = max(self.nbytes, work[1])
+
+    def done(self) -> bool:
+        """Enough is measured to choose."""
+        count, total = len(self.times), sum(self.times)
+        return (count >= PROBE_BATCHES and total >= PROBE_MIN_S) or total >= PROBE_BUDGET_S or count >= PROBE_MAX_BATCHES
+
+    def decide(self) -> Choice:
+        if not self.times:  # every batch raised (or the epoch was empty): nothing measured
+            return Choice(0, None, "num_workers=0 (auto: the first epoch gave no batch to measure)")
+        return decide(
+            self.times,
+            self.nbytes,
+            cpus=self.start.cpus,
+            workers=None,
+            prefetch_factor=self.start.prefetch_factor,
+            auto_prefetch=self.start.auto_prefetch,
+            source=" first batches, fetched in the main process and delivered",
+        )

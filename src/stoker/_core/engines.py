@@ -115,7 +115,7 @@ def make_engine(plan: LoadPlan, base_seed: int) -> Engine:
                 thread=thread,
                 seed_each_batch=plan.seed_each_batch,
                 replica_resume=replicas[worker_id] if worker_id < len(replicas) else None,
-                timed=plan.stats,
+                timed=plan.stats or plan.auto is not None,  # "auto" times its first batches
             )
             for worker_id in range(count)
         ]

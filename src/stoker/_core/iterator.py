@@ -22,6 +22,11 @@ dropped, garbage-collected, closed, or at interpreter exit.
 
 `stats()` gives the epoch's `LoaderStats` (see stats): the time spent inside `iter()` and
 `next()` is the consumer's wait, and each batch brings its worker's timing with it.
+
+`num_workers="auto"` (`plan.auto`): the first epoch starts with the inline engine, its first
+batches timed and delivered (`auto.Head`); once they are enough, the choice is made and, if
+it is workers, the inline engine is swapped for theirs between two batches — nothing is in
+flight then — and the scheduler goes on with the rest of the epoch over them.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ import os
 import time
 import warnings
 import weakref
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
+from .auto import Head
 from .bar import EpochBar
 from .engines import Death, Engine, make_engine
 from .errors import ExceptionInfo, WorkerDiedError, WorkerRestartWarning, describe_index
@@ -71,9 +78,11 @@ class LoaderIterator(Generic[T]):
         self._last_killer: dict[int, int] = {}  # worker id -> task it owed when it last died
         self._prefetch_next = plan.persistent and not _has_set_epoch(plan.index_sampler)
         pin = pin_function(plan.pin_memory_device, stacklevel=4) if plan.pin_memory else None
+        self._pin = pin
         # torch pins inline with num_workers=0 and on a pin thread with workers; so do we
         self._pin_inline = pin if plan.num_workers == 0 else None
         self._pinner = PinThread(pin, init=device_setup()) if pin is not None and plan.num_workers > 0 else None
+        self._head = Head(plan.auto) if plan.auto is not None else None
         self._engine: Engine = make_engine(plan, self._base_seed)
         # one Recorder for the iterator's life, counting each epoch afresh (see _begin_stats)
         self._recorder = (
@@ -81,9 +90,8 @@ class LoaderIterator(Generic[T]):
             if plan.stats
             else None
         )
-        self._close = weakref.finalize(
-            self, _shut_down, self._engine, self._pinner, self._progress, self._recorder
-        )
+        self._running = _Running(self._engine, self._pinner)  # what the finalizer stops
+        self._close = weakref.finalize(self, _shut_down, self._running, self._progress, self._recorder)
         self._engine.start()
         iterable_index: dict[str, Any] = {}
         if plan.iterable:
@@ -240,13 +248,67 @@ class LoaderIterator(Generic[T]):
         while True:
             got = scheduler.deliver()
             if got is not None:
+                if self._head is not None:
+                    self._measure(got[1])
                 self._pump()
                 return self._hand_out(*got)
             if scheduler.current_finished():
+                if self._head is not None:  # a short first epoch: the next one uses the choice
+                    self._choose(start_workers=False)
                 self._end_epoch()
                 raise StopIteration
             self._pump()
             self._wait(deadline)
+
+    def _measure(self, reply: Any) -> None:
+        """An inline batch of an "auto" epoch is being delivered: time it, and choose when
+        enough are timed."""
+        head = self._head
+        assert head is not None
+        head.add(reply.work if isinstance(reply, Done) else None)
+        if head.done():
+            self._choose(start_workers=True)
+
+    def _choose(self, start_workers: bool) -> None:
+        """Make the "auto" choice, tell the loader, and (`start_workers`) move the rest of
+        the epoch to the chosen workers. Nothing is in flight: the window was one batch,
+        and it was just delivered."""
+        head, self._head = self._head, None
+        assert head is not None
+        auto = head.start
+        choice = head.decide()
+        if self._recorder is not None:
+            self._recorder.choice = choice.reason
+        n = choice.num_workers
+        if n == 0 or not start_workers:  # this iterator ends its epoch inline
+            self._plan = replace(self._plan, choice=choice.reason, auto=None)
+            auto.on_choice(choice, None)
+            return
+        prefetch = choice.prefetch_factor
+        plan = self._plan = replace(
+            self._plan,
+            num_workers=n,
+            window=max(1, (prefetch or 1) * n),
+            persistent=auto.persistent,
+            arena=None if self._plan.threads else auto.arena,
+            prefetch_factor=prefetch,
+            choice=choice.reason,
+            auto=None,
+        )
+        auto.on_choice(choice, self)
+        self._engine.close()
+        engine = self._engine = self._running.engine = make_engine(plan, self._base_seed)
+        if self._pin is not None:
+            self._pin_inline = None
+            self._pinner = self._running.pinner = PinThread(self._pin, init=device_setup())
+        self._prefetch_next = plan.persistent and not _has_set_epoch(plan.index_sampler)
+        try:
+            engine.start()
+        except BaseException as exc:  # e.g. a dataset that spawn cannot pickle
+            self._fail(exc)
+        self._scheduler.resize(n, plan.window)
+        if self._recorder is not None:
+            self._recorder.workers_changed(n, prefetch, [engine.pid(w) for w in range(n)])
 
     def _pump(self) -> None:
         """Top up the prefetch window, opening the next epoch early when allowed."""
@@ -485,17 +547,25 @@ class LoaderIterator(Generic[T]):
             bar.close(self._recorder)
 
 
-def _shut_down(engine: Engine, pinner: PinThread | None, progress: Progress, recorder: Recorder | None) -> None:
+@dataclass
+class _Running:
+    """The engine and pin thread an iterator runs now ("auto" replaces both once)."""
+
+    engine: Engine
+    pinner: PinThread | None
+
+
+def _shut_down(running: _Running, progress: Progress, recorder: Recorder | None) -> None:
     """The one shutdown procedure: the position is kept (without the batches in flight),
     the statistics' clock stops, then the workers and the pin thread stop."""
     progress.freeze()
     if recorder is not None and not recorder.ending:  # an epoch that ended stops at its next()'s return
         recorder.stop()
     try:
-        engine.close()
+        running.engine.close()
     finally:
-        if pinner is not None:
-            pinner.close()
+        if running.pinner is not None:
+            running.pinner.close()
 
 
 def _length(sized: Any) -> int | None:

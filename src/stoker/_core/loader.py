@@ -29,7 +29,7 @@ from .._data.samplers import (
     SequentialSampler,
 )
 from .arena import Arena, arena_limit
-from .auto import choose
+from .auto import AutoStart, Choice, choose
 from .bar import require_tqdm
 from .iterator import LoaderIterator
 from .plan import LoadPlan
@@ -110,10 +110,13 @@ class DataLoader(Generic[T_co]):
     the batches it owed, so that the epoch completes with every sample once, in order. It
     has no effect on thread workers and `num_workers=0` (a thread does not die alone).
 
-    `num_workers="auto"` / `prefetch_factor="auto"`: chosen once, at the first `iter()`,
-    from a few probe batches fetched in this process and the usable CPUs and memory (see
-    `_core/auto.py`); stated in a log record of the "stoker" logger and in
-    `stats().choice`, and kept for the loader's life. `stats` (default True): the live
+    `num_workers="auto"` / `prefetch_factor="auto"`: chosen once, in the first epoch, and
+    kept for the loader's life. A map-style dataset's first epoch starts in this process:
+    its first few batches are fetched here, timed and delivered as usual, and then the rest
+    of the epoch goes to the workers chosen from those times and the usable CPUs and memory
+    (see `_core/auto.py`). With only `prefetch_factor="auto"`, or an IterableDataset, the
+    choice is made at the first `iter()`. It is stated in a log record of the "stoker"
+    logger and in `stats().choice`; `num_workers` reads "auto" until then. `stats` (default True): the live
     figures of `stats()`; `progress=True`: a tqdm bar per epoch.
 
     Batches keep numpy as numpy and tensors as tensors (`stoker.default_collate`); the
@@ -401,8 +404,9 @@ class DataLoader(Generic[T_co]):
         return self._arena
 
     def _resolve_auto(self) -> None:
-        """Make the "auto" choice (once; it is kept for the loader's life)."""
-        if self._auto is None:
+        """Make the "auto" choice now (once; it is kept for the loader's life), unless the
+        first epoch makes it (`_head_start`)."""
+        if self._auto is None or self._choice_in_epoch():
             return
         auto_workers, auto_prefetch = self._auto
         choice = choose(
@@ -416,16 +420,47 @@ class DataLoader(Generic[T_co]):
             prefetch_factor=None if auto_prefetch else self.prefetch_factor,
             auto_prefetch=auto_prefetch,
         )
+        self._adopt(choice)
+
+    def _choice_in_epoch(self) -> bool:
+        """num_workers="auto" on a map-style dataset: the first epoch chooses, from its own
+        first batches."""
+        return self._auto is not None and self._auto[0] and self._dataset_kind == "map"
+
+    def _adopt(self, choice: Choice, iterator: LoaderIterator[Any] | None = None) -> None:
+        """Keep the "auto" choice; a persistent iterator that moved to its workers is kept."""
         self._auto = None
         self.num_workers = choice.num_workers
         self.prefetch_factor = choice.prefetch_factor
         self._choice = choice.reason
+        if iterator is not None and self.persistent_workers and choice.num_workers > 0:
+            self._iterator = iterator
         logging.getLogger("stoker").info("DataLoader chose %s", choice.reason)
+
+    def _head_start(self) -> AutoStart:
+        """What an iterator needs to choose in its first epoch (it holds the loader weakly)."""
+        assert self._auto is not None
+        loader = weakref.ref(self)
+
+        def on_choice(choice: Choice, iterator: Any) -> None:
+            owner = loader()
+            if owner is not None and owner._auto is not None:
+                owner._adopt(choice, iterator)
+
+        return AutoStart(
+            cpus=usable_cpus() or 1,
+            auto_prefetch=self._auto[1],
+            prefetch_factor=None if self._auto[1] else self.prefetch_factor,
+            persistent=bool(self.persistent_workers),
+            arena=None if self.thread_pool else self._shared_memory(),
+            on_choice=on_choice,
+        )
 
     def _plan(self, resume: dict[str, Any] | None = None) -> LoadPlan:
         """What a new iterator needs, read now."""
         self._resolve_auto()
-        workers = self.num_workers
+        head = self._head_start() if self._choice_in_epoch() else None
+        workers = 0 if head is not None else self.num_workers
         processes = workers > 0 and not self.thread_pool
         if self._seed_source is None or self._seed_source.generator is not self.generator:
             self._seed_source = RandomSource(self.generator, self._flavour)
@@ -460,6 +495,7 @@ class DataLoader(Generic[T_co]):
             prefetch_factor=self.prefetch_factor if workers > 0 else None,
             choice=self._choice,
             resume=resume,
+            auto=head,
         )
 
     # -------------------------------------------------------------- iteration
@@ -468,12 +504,13 @@ class DataLoader(Generic[T_co]):
         the loader's one iterator)."""
         begun = clock()
         self._resolve_auto()
-        persistent = self.persistent_workers and self.num_workers > 0
+        persistent = self.persistent_workers and self._auto is None and self.num_workers > 0
         if persistent and self._iterator is not None and self._iterator.usable() and self._resume is None:
             self._iterator.start_next_epoch(begun)
             self._epochs_started += 1
             return self._iterator
-        warn_if_too_many_workers(self.num_workers, stacklevel=3)
+        if self._auto is None:
+            warn_if_too_many_workers(self.num_workers, stacklevel=3)
         resume, self._resume = self._resume, None
         if resume is None and self._latest is not None:
             # a resumed run whose next epoch the saved run had already drawn (prefetched by

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .._data.rng import RandomSource
     from .arena import Arena
+    from .auto import AutoStart
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class LoadPlan:
     prefetch_factor: int | None = None  # as given to the loader (for `LoaderStats`)
     choice: str | None = None  # what num_workers="auto" / prefetch_factor="auto" chose
     resume: dict[str, Any] | None = None  # a loaded state: where this iterator's first epoch resumes
+    auto: AutoStart | None = None  # num_workers="auto": the first epoch starts inline, then chooses
 
     @property
     def iterable(self) -> bool:

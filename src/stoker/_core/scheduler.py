@@ -186,6 +186,19 @@ class Scheduler:
         epoch.deferred.clear()
         return dropped
 
+    def resize(self, num_workers: int, window: int) -> None:
+        """Go on with another number of workers and window (num_workers="auto" moving from
+        inline to workers); only when no task is outstanding. Batch b still goes to worker
+        b mod num_workers."""
+        if num_workers < 1 or window < 1:
+            raise ValueError("Scheduler needs at least one worker and a window of at least 1")
+        if self._owner:
+            raise RuntimeError("cannot change the workers while tasks are outstanding")
+        self.num_workers = num_workers
+        self.window = window
+        self._load = [0] * num_workers
+        self._rr = 0
+
     # ---------------------------------------------------------------- dispatch
     def dispatch(self) -> list[tuple[int, Request]]:
         """Tasks (and resets) to send now, as (worker_id, message)."""

@@ -164,6 +164,16 @@ class Recorder:
         self.batches = 0
         self.samples = 0
         self.bytes = 0
+        self._reset_workers(pids)
+
+    def workers_changed(self, num_workers: int, prefetch_factor: int | None, pids: list[int | None]) -> None:
+        """num_workers="auto" moved the epoch to these workers: the epoch's totals go on, the
+        per-worker figures count from now."""
+        self.num_workers = num_workers
+        self.prefetch_factor = prefetch_factor
+        self._reset_workers(pids)
+
+    def _reset_workers(self, pids: list[int | None]) -> None:
         n = max(self.num_workers, 1)
         self.made = [0] * n
         self.busy = [0.0] * n
