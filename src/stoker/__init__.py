@@ -31,6 +31,7 @@ from ._data.samplers import (
     SubsetRandomSampler,
     WeightedRandomSampler,
 )
+from ._data.shared_list import SharedList
 
 __version__ = "0.1.0"
 
@@ -47,6 +48,7 @@ __all__ = [
     "RandomSampler",
     "Sampler",
     "SequentialSampler",
+    "SharedList",
     "StackDataset",
     "Subset",
     "SubsetRandomSampler",

@@ -41,6 +41,7 @@ from ._data.datasets import (
 )
 from ._data.rng import GeneratorLike
 from ._data.samplers import BatchSampler, Sampler, SequentialSampler
+from ._data.shared_list import SharedList
 from ._data.torch_collate import collate as _collate
 from ._data.torch_collate import default_collate, default_convert
 from ._data.torch_collate import default_collate_fn_map as _default_map
@@ -109,6 +110,7 @@ __all__ = [
     "RandomSampler",
     "Sampler",
     "SequentialSampler",
+    "SharedList",
     "StackDataset",
     "Subset",
     "SubsetRandomSampler",

@@ -203,6 +203,7 @@ def test_traps_python_objects_and_global_rng(workdir: Path) -> None:
     traps = [line for line in result.stdout.splitlines() if line.startswith("trap: ")]
     objects = [t for t in traps if "dataset.paths" in t]
     assert objects and "20,000" in objects[0] and "numpy arrays" in objects[0], traps
+    assert "stoker.SharedList(" in objects[0], traps
     rng = [t for t in traps if "global RNG" in t]
     assert rng and "numpy.random" in rng[0] and "seed_each_batch=True" in rng[0], traps
 

@@ -1031,9 +1031,10 @@ def find_traps(
             evidence = f"under {method} each worker holds its own unpickled copy of them"
         traps.append(Trap(
             "python-objects",
-            f"Python objects in the dataset: {listed}; {evidence}. Fix: keep them in numpy arrays "
-            "(np.array(paths) gives fixed-width bytes, labels as an int array, variable-length items "
-            "as one flat array plus offsets).",
+            f"Python objects in the dataset: {listed}; {evidence}. Fix: hold them in "
+            "stoker.SharedList(...) (one shared buffer, no per-object refcounts; str, bytes, int, "
+            "float and tuples of them), or keep them in numpy arrays (labels as an int array, "
+            "variable-length items as one flat array plus offsets).",
         ))
     if rngs and not target.seed_each_batch:
         traps.append(Trap(
