@@ -5,33 +5,88 @@ The API is `torch.utils.data`'s, plus MXNet Gluon's `last_batch`, `batchify_fn` 
 whose batches are torch tensors, exactly as `torch.utils.data` makes them.
 """
 
-from ._core.errors import WorkerDiedError, WorkerError, WorkerRestartWarning
-from ._core.loader import DataLoader
-from ._core.seeding import sample_rng, sample_seed
-from ._core.stats import LoaderStats, WorkerStats
-from ._core.worker import WorkerInfo, get_worker_info
-from ._data.collate import collate, default_collate, default_collate_fn_map, default_convert
-from ._data.datasets import (
-    ArrayDataset,
-    ChainDataset,
-    ConcatDataset,
-    Dataset,
-    IterableDataset,
-    StackDataset,
-    Subset,
-    TensorDataset,
-    random_split,
-)
-from ._data.distributed import DistributedSampler
-from ._data.samplers import (
-    BatchSampler,
-    RandomSampler,
-    Sampler,
-    SequentialSampler,
-    SubsetRandomSampler,
-    WeightedRandomSampler,
-)
-from ._data.shared_list import SharedList
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Names are imported on first use, so that a worker process (spawn, forkserver) that
+# unpickles a dataset subclassing stoker.Dataset imports what it needs and not the loader,
+# the iterator, the bench or the doctor: start-up time is import time there.
+_EXPORTS = {
+    "WorkerDiedError": "._core.errors",
+    "WorkerError": "._core.errors",
+    "WorkerRestartWarning": "._core.errors",
+    "DataLoader": "._core.loader",
+    "sample_rng": "._core.seeding",
+    "sample_seed": "._core.seeding",
+    "LoaderStats": "._core.stats",
+    "WorkerStats": "._core.stats",
+    "WorkerInfo": "._core.worker",
+    "get_worker_info": "._core.worker",
+    "collate": "._data.collate",
+    "default_collate": "._data.collate",
+    "default_collate_fn_map": "._data.collate",
+    "default_convert": "._data.collate",
+    "ArrayDataset": "._data.datasets",
+    "ChainDataset": "._data.datasets",
+    "ConcatDataset": "._data.datasets",
+    "Dataset": "._data.datasets",
+    "IterableDataset": "._data.datasets",
+    "StackDataset": "._data.datasets",
+    "Subset": "._data.datasets",
+    "TensorDataset": "._data.datasets",
+    "random_split": "._data.datasets",
+    "DistributedSampler": "._data.distributed",
+    "BatchSampler": "._data.samplers",
+    "RandomSampler": "._data.samplers",
+    "Sampler": "._data.samplers",
+    "SequentialSampler": "._data.samplers",
+    "SubsetRandomSampler": "._data.samplers",
+    "WeightedRandomSampler": "._data.samplers",
+    "SharedList": "._data.shared_list",
+}
+
+if TYPE_CHECKING:
+    from ._core.errors import WorkerDiedError, WorkerError, WorkerRestartWarning
+    from ._core.loader import DataLoader
+    from ._core.seeding import sample_rng, sample_seed
+    from ._core.stats import LoaderStats, WorkerStats
+    from ._core.worker import WorkerInfo, get_worker_info
+    from ._data.collate import collate, default_collate, default_collate_fn_map, default_convert
+    from ._data.datasets import (
+        ArrayDataset,
+        ChainDataset,
+        ConcatDataset,
+        Dataset,
+        IterableDataset,
+        StackDataset,
+        Subset,
+        TensorDataset,
+        random_split,
+    )
+    from ._data.distributed import DistributedSampler
+    from ._data.samplers import (
+        BatchSampler,
+        RandomSampler,
+        Sampler,
+        SequentialSampler,
+        SubsetRandomSampler,
+        WeightedRandomSampler,
+    )
+    from ._data.shared_list import SharedList
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stoker' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
 
 __version__ = "0.1.0"
 
