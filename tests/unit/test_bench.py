@@ -357,3 +357,146 @@ def test_run_skips_auto_with_a_note_when_the_loader_refuses_it(monkeypatch) -> N
 def test_auto_unsupported_says_why_or_nothing() -> None:
     why = bench.auto_unsupported()
     assert why is None or why.startswith(("TypeError", "ValueError"))
+
+
+# ------------------------------------------------ W8, the arena, W5's start methods and torch-free case
+def test_w8_images_are_distinct_memory_and_an_epoch_reads_each_once() -> None:
+    np = pytest.importorskip("numpy")
+    assert bench.Sizes().w8_images * bench.IMAGE_BYTES >= 1e9  # at least 1 GB of distinct images
+    assert bench.Sizes.quick().w8_images * bench.IMAGE_BYTES <= 100e6
+    images = bench.w8_images(600)
+    assert images.shape == (600, *bench.IMAGE_SHAPE) and images.dtype == np.uint8
+    assert images.flags.c_contiguous  # each image its own memory
+    assert not (images[0] == images[256]).all() and (images[256] == images[0] + np.uint8(1)).all()
+    data = bench.LargeImages(images)
+    assert len(data) == 600 and data[599] is not None and (data[5] == images[5]).all()
+    longer = bench.LargeImages(images, 1000)
+    assert len(longer) == 1000 and (longer[601] == images[1]).all()
+    # every image once at the default size and workers; longer only for many workers
+    assert bench.w8_samples(bench.Sizes(), 2) == 7000
+    assert bench.w8_samples(bench.Sizes(), 14) == 64 * (32 + 16 * 14)
+
+
+def test_two_thread_memcpy_measures_a_bandwidth() -> None:
+    assert bench.memcpy_threads_gbps(2, nbytes=4 << 20, reps=2) > 0
+    assert bench.memcpy_threads_gbps(1, nbytes=4 << 20, reps=1) > 0
+
+
+def test_epoch_rate_reads_the_arena_of_a_process_worker_loader() -> None:
+    np = pytest.importorskip("numpy")
+    import stoker
+
+    rows = np.zeros((400, 1000), np.uint8)
+
+    def make():
+        return stoker.DataLoader(stoker.ArrayDataset(rows), batch_size=10, num_workers=1)
+
+    timing = bench._epoch_rate(make, 1, 2, arena=True)
+    use = timing.arena
+    assert use is not None and use.batch_bytes == 10 * 1000 and use.window == 2 and use.limit == 4
+    assert use.arena_bytes >= use.batch_bytes and use.batches == use.arena_bytes / use.batch_bytes
+    # off by default, and a loader without an arena reads 0
+    assert bench._epoch_rate(make, 1).arena is None
+    assert bench.arena_bytes(object()) == 0
+
+
+def test_importing_the_bench_does_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, stoker._tools.bench; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_torch_free_first_batch_runs_in_a_fresh_process_without_torch() -> None:
+    found = bench.torch_free_first_batch("fork", 1)
+    assert found["first_batch_s"] > 0 and found["import_s"] > 0 and found["make_s"] >= 0
+    assert found["torch_imported"] is False
+
+
+def test_w5_and_w8_jobs(monkeypatch) -> None:
+    import stoker
+
+    monkeypatch.setattr(bench, "usable_cpus", lambda: 2)
+    sizes = bench.Sizes.quick()
+    sizes.w5_mb = (1, 2)
+    plan = bench.Plan(["W5", "W8"], [0, 2], 1, sizes, with_torch=False)
+    jobs = bench._jobs(plan, {"stoker": stoker}, 1, large=bench.w8_images(4))
+    keys = {job[:4] for job in jobs}
+    methods = bench.w5_methods()
+    assert "forkserver" in methods and "spawn" in methods  # Linux
+    assert {("W5", "stoker", 2, f"{m} {mb} MB") for m in methods for mb in (1, 2)} <= keys
+    assert {("W5", "stoker", 2, f"torch-free {m} 1 MB") for m in methods} <= keys
+    assert {("W8", "stoker", w, "") for w in (0, 2)} <= keys
+    # no W8 rows without its images
+    assert not any(k[0] == "W8" for k in (job[:4] for job in bench._jobs(plan, {"stoker": stoker}, 1)))
+
+
+def _w5_w8_rows(torch_imported: float = 0.0) -> list[bench.Result]:
+    rows = []
+    for method in ("fork", "spawn", "forkserver"):
+        for mb, ours, theirs in ((10, 0.05, 0.1), (200, 0.1, 1.0)):
+            rows.append(bench.Result("W5", "stoker.torch", 2, f"{method} {mb} MB", "s to first batch", [ours]))
+            rows.append(bench.Result("W5", "torch", 2, f"{method} {mb} MB", "s to first batch", [theirs]))
+        free = bench.Result("W5", "stoker", 2, f"torch-free {method} 10 MB", "s to first batch", [0.2, 0.25, 0.4])
+        free.extra = {"torch_imported": [torch_imported, 0.0, 0.0], "import_s": [0.1] * 3, "make_s": [0.01] * 3}
+        rows.append(free)
+    for loader, rate in (("stoker", 6000.0), ("stoker.torch", 5500.0), ("torch", 1000.0)):
+        rows.append(bench.Result("W8", loader, 2, values=[rate], bytes_per_sample=bench.IMAGE_BYTES))
+    arena = rows[-3]  # stoker's W8 row
+    arena.extra = {
+        "arena_bytes": [5.0e6, 6.0e6],
+        "arena_batch_bytes": [1.0e6, 1.0e6],
+        "arena_batches": [5.0, 6.0],
+        "arena_window": [4.0, 4.0],
+    }
+    w2 = bench.Result("W2", "stoker", 1, values=[5000.0], bytes_per_sample=bench.IMAGE_BYTES)
+    w2.extra = {"arena_bytes": [4.0e6], "arena_batch_bytes": [1.0e6], "arena_batches": [4.0], "arena_window": [2.0]}
+    return [*rows, w2]
+
+
+def test_w5_w8_and_arena_targets() -> None:
+    rows = _w5_w8_rows()
+    found = {t["target"]: t for t in bench.targets(rows, ceiling=1.0, ceiling2=3.0)}
+    for method in ("fork", "spawn", "forkserver"):
+        t = found[f"W5 {method} 200 MB time to first batch vs torch"]
+        assert t["met"] and "0.100x torch's time (target <= 0.25x)" in t["shown"]
+        assert f"W5 {method} 10 MB time to first batch vs torch" not in found  # the largest only
+    assert "W5 fork 10 MB time to first batch, fresh process without torch (stoker)" not in found  # reference
+    spawn = found["W5 spawn 10 MB time to first batch, fresh process without torch (stoker)"]
+    assert spawn["met"] and spawn["value"] == 0.25 and "torch not imported (target < 0.3 s)" in spawn["shown"]
+    w8 = found["W8 images 1 GB samples/s vs torch"]
+    assert w8["met"] and "5.50x torch (target >= 5x)" in w8["shown"]
+    one = found["W8 images 1 GB GB/s vs one-core memcpy"]
+    assert one["met"] and one["value"] == pytest.approx(5500 * bench.IMAGE_BYTES / 1e9)  # 83 %
+    two = found["W8 images 1 GB GB/s vs two-thread memcpy"]
+    assert two["met"] is None and "of 3.0 GB/s (for information, no target)" in two["shown"]
+    arena = found["W8 arena at steady state w=2 (stoker, reserved bytes / batch bytes)"]
+    assert arena["met"] and arena["value"] == 6.0 and "(target <= window 4 + 2 = 6)" in arena["shown"]
+    assert "6.0 MB = 6.00 batches of 1.00 MB (repetitions: 5.00 6.00)" in arena["shown"]
+    assert found["W2 arena at steady state w=1 (stoker, reserved bytes / batch bytes)"]["met"]
+    # no second ceiling: no INFO line
+    assert "W8 images 1 GB GB/s vs two-thread memcpy" not in {t["target"] for t in bench.targets(rows, 2.0)}
+    # torch imported in one run of the fresh process: flagged, and missed
+    flagged = {t["target"]: t for t in bench.targets(_w5_w8_rows(torch_imported=1.0), 2.0)}
+    spawn = flagged["W5 forkserver 10 MB time to first batch, fresh process without torch (stoker)"]
+    assert not spawn["met"] and "FLAGGED: torch was imported in 1 of 3 runs" in spawn["shown"]
+
+
+def test_table_and_chart_show_the_new_figures(tmp_path) -> None:
+    rows = _w5_w8_rows(torch_imported=1.0)
+    report = _report(rows) | {"arena": bench.arena_use(rows), "targets": bench.targets(rows, 10.0, 12.0)}
+    report["machine"]["memcpy2_gbps"] = 12.0
+    json.dumps(report)
+    text = bench.table(report)
+    assert "memcpy ceiling (one core): 10.0 GB/s; two threads at once: 12.0 GB/s" in text
+    assert "W5 torch-free forkserver 10 MB" in text and "W5 forkserver 200 MB" in text
+    assert "FLAGGED: torch imported in 1 of 3 runs" in text
+    assert "W8 w=2       6.0 MB = 6.00 x 1.00 MB  (limit 6)" in text
+    assert "INFO   W8 images 1 GB GB/s vs two-thread memcpy" in text
+    assert "MET    W8 arena at steady state w=2" in text
+    pytest.importorskip("matplotlib")
+    fig = bench.figure(report)
+    titles = [ax.get_title() for sub in fig.subfigs for ax in sub.axes]
+    assert "W8" in titles and titles[-1] == "arena at steady state (stoker)"
+    assert bench.chart(report, str(tmp_path / "b.png"))

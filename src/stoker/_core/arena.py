@@ -612,6 +612,12 @@ class Arena:
                 stacklevel=6,
             )
 
+    def reserved_bytes(self) -> int:
+        """Bytes of all the slots this arena knows of, over every worker id's pool, whether
+        they hold a batch or are free: the shared memory the loader keeps reserved."""
+        with self._lock:
+            return sum(pool.bytes for pool in self.pools.values())
+
 
 def _close_fds(pools: dict[int, WorkerPool]) -> None:
     for pool in pools.values():

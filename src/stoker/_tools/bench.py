@@ -21,11 +21,19 @@ Workloads (the issue's names):
   W2 images                 3x224x224 uint8, batch 64
   W3 CPU-heavy samples      ~2 ms of Python work each, batch 16
   W4 iterable stream        128 float32 per sample, sharded with get_worker_info(), batch 256
-  W5 time to first batch    dataset holding a 10 MB / 200 MB array, fork and spawn, 2 workers
+  W5 time to first batch    dataset holding a 10 MB / 200 MB array, fork, spawn and forkserver,
+                            2 workers; and "torch-free": stoker alone (10 MB) in a fresh Python
+                            process that never imports torch
   W6 epoch boundary         persistent workers, 2 workers: a boundary's gap and throughput cost
   W7 ImageNet-sized tensors random 224x224 crops + flips of 1000 3x256x256 uint8 images as
                             torch tensors, shuffled, batch 256 and 64, prefetch_factor=4
                             (stoker.torch and torch.utils.data only)
+  W8 images, 1 GB           as W2, over 7,000 distinct images (1.05 GB), so that reads miss the
+                            caches; GB/s against one-core and two-thread memcpy
+
+W2 and W8 at 1 or more workers also record, for `stoker`, the shared-memory arena's reserved
+bytes at each batch's arrival: their most over the steady-state window, in batches, against the
+prefetch window + 2 (see benchmarks/README.md).
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ import numpy as np
 
 import stoker
 from stoker._core.loader import usable_cpus
+from stoker._core.stats import array_bytes
 
 IMAGE_SHAPE = (3, 224, 224)
 IMAGE_BYTES = int(np.prod(IMAGE_SHAPE))
@@ -91,6 +100,40 @@ class Images:
 
     def __getitem__(self, i: int) -> np.ndarray:
         return self.images[i % DISTINCT_IMAGES]
+
+
+class LargeImages:
+    """W8: W2's images, every sample its own memory: sample i is image `i % len(images)`, so an
+    epoch of `len(images)` samples reads each image once, in order, and the whole set (1.05 GB
+    at 7,000 images) is far larger than any cache."""
+
+    def __init__(self, images: np.ndarray, n: int | None = None) -> None:
+        self.images = images
+        self.n = len(images) if n is None else n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.images[i % len(self.images)]
+
+
+def w8_images(n: int) -> np.ndarray:
+    """W8's `n` distinct 3x224x224 uint8 images, made once per run: 256 images from a seeded RNG,
+    repeated with 1 added (mod 256) to every byte at each repetition, so that no two images are
+    equal and each is its own memory, written at memory speed rather than at the RNG's."""
+    base = np.random.default_rng(8).integers(0, 256, (DISTINCT_IMAGES, *IMAGE_SHAPE), dtype=np.uint8)
+    images = np.empty((n, *IMAGE_SHAPE), np.uint8)
+    for k, start in enumerate(range(0, n, DISTINCT_IMAGES)):
+        stop = min(n, start + DISTINCT_IMAGES)
+        np.add(base[: stop - start], np.uint8(k % 256), out=images[start:stop])
+    return images
+
+
+def w8_samples(sizes: Sizes, workers: int) -> int:
+    """W8's epoch: every image once, and more (W2's rule, `w2_samples`) only when many workers
+    need a longer epoch for a steady-state window (more than 12 at the default size)."""
+    return max(sizes.w8_images, 64 * (32 + 16 * workers))
 
 
 def w2_samples(sizes: Sizes, workers: int) -> int:
@@ -232,11 +275,17 @@ def _torch_stream_class() -> type:
     return type("TorchStream", (_StreamBody, torch.utils.data.IterableDataset), {"__module__": __name__})
 
 
-TorchStream: type | None
-try:  # a module-level name, so spawn can pickle it
-    TorchStream = _torch_stream_class()
-except ImportError:
-    TorchStream = None
+def __getattr__(name: str) -> Any:
+    """`TorchStream` (W4's dataset for torch.utils.data), made on first use: a module-level
+    name, so that spawn can pickle it, but made lazily, so that importing this module does not
+    import torch (W5's spawn and forkserver workers of plain stoker import it to rebuild
+    `HoldsArray`)."""
+    if name == "TorchStream":
+        made = globals().get(name)
+        if made is None:
+            made = globals()[name] = _torch_stream_class()
+        return made
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # ------------------------------------------------------------------- loaders
@@ -255,9 +304,8 @@ def loader_modules(with_torch: bool) -> dict[str, Any]:
 
 
 def _iterable_for(name: str, n: int) -> Any:
-    if name == "torch":
-        assert TorchStream is not None  # the "torch" loader is there only when torch imports
-        return TorchStream(n)
+    if name == "torch":  # the "torch" loader is there only when torch imports
+        return __getattr__("TorchStream")(n)
     return StokerStream(n)
 
 
@@ -315,12 +363,15 @@ class Sizes:
     # W1 with stats=True against stats=False: at least this many interleaved pairs of epochs per
     # number of workers (spread evenly over the repetitions, see `pairs_per_rep`)
     stats_pairs: int = 15
+    # W8: distinct images, each read once per epoch (7,000 x 150,528 bytes = 1.05 GB)
+    w8_images: int = 7000
 
     @classmethod
     def quick(cls) -> Sizes:
         return cls(
             w1=20_000, w2=1024, w3=256, w4=20_000, w5_mb=(10, 50), w6_images=256, w6_epochs=3,
             w7_sources=200, w7_min_batches=6, w7_base_batches=4, w7_batches_per_worker=4, stats_pairs=2,
+            w8_images=448,  # 67 MB
         )
 
 
@@ -336,6 +387,34 @@ def memcpy_gbps(nbytes: int = 256 << 20, reps: int = 5) -> float:
     return nbytes / best / 1e9
 
 
+def memcpy_threads_gbps(threads: int = 2, nbytes: int = 256 << 20, reps: int = 5) -> float:
+    """Memcpy bandwidth of `threads` threads at once: each copies its share of one `nbytes`
+    buffer with `np.copyto` (which releases the GIL), all started together; bytes copied per
+    second from the start to the last thread's end, best of `reps`."""
+    import threading
+
+    src = np.ones(nbytes, np.uint8)
+    dst = np.empty_like(src)
+    bounds = [nbytes * k // threads for k in range(threads + 1)]
+    best = float("inf")
+    for _ in range(reps):
+        ready = threading.Barrier(threads + 1)
+
+        def copy(lo: int, hi: int, ready: threading.Barrier = ready) -> None:
+            ready.wait()
+            np.copyto(dst[lo:hi], src[lo:hi])
+
+        workers = [threading.Thread(target=copy, args=(lo, hi)) for lo, hi in itertools.pairwise(bounds)]
+        for thread in workers:
+            thread.start()
+        ready.wait()
+        start = time.perf_counter()
+        for thread in workers:
+            thread.join()
+        best = min(best, time.perf_counter() - start)
+    return nbytes / best / 1e9
+
+
 @dataclass
 class EpochTiming:
     """One epoch of a fresh loader: the steady-state figures (None when the epoch is too short
@@ -347,6 +426,34 @@ class EpochTiming:
     whole_main_us: float  # main process CPU µs per batch from iter() to the last batch
     first_s: float = 0.0  # from iter() to the first batch: start-up (and the "auto" probe)
     chosen: Chosen | None = None  # what a loader made with num_workers="auto" chose
+    arena: ArenaUse | None = None  # with `arena=True`: the shared-memory arena over the window
+
+
+@dataclass(frozen=True)
+class ArenaUse:
+    """A stoker loader's shared-memory arena over an epoch's steady-state window: the most
+    bytes its slots held (`Arena.reserved_bytes`, read at each batch's arrival), the largest
+    batch's array bytes (`array_bytes`), and the prefetch window (prefetch_factor x workers)."""
+
+    arena_bytes: int
+    batch_bytes: int
+    window: int
+
+    @property
+    def batches(self) -> float:
+        """The arena in batches."""
+        return self.arena_bytes / self.batch_bytes if self.batch_bytes else float("nan")
+
+    @property
+    def limit(self) -> int:
+        """The issue's bound in batches: the prefetch window + 2."""
+        return self.window + 2
+
+
+def arena_bytes(loader: Any) -> int:
+    """Bytes of the shared-memory slots a stoker loader's arena holds now (0 before it has one)."""
+    arena = getattr(loader, "_arena", None)  # kept by the loader across epochs (`_shared_memory`)
+    return 0 if arena is None else int(arena.reserved_bytes())
 
 
 @dataclass(frozen=True)
@@ -366,7 +473,9 @@ def _chosen(loader: Any) -> Chosen:
     return Chosen(workers, prefetch, stats.choice or "(the loader stated no choice)")
 
 
-def _epoch_rate(make: Callable[[], Any], workers: int | None, prefetch: int | None = 2) -> EpochTiming:
+def _epoch_rate(
+    make: Callable[[], Any], workers: int | None, prefetch: int | None = 2, arena: bool = False
+) -> EpochTiming:
     """Rates and main-process CPU per batch of one epoch of a fresh loader.
 
     At every batch's arrival the wall clock (`perf_counter`) and the main process's CPU time
@@ -378,16 +487,25 @@ def _epoch_rate(make: Callable[[], Any], workers: int | None, prefetch: int | No
     `workers=None`: the loader was made with `num_workers="auto", prefetch_factor="auto"`; its
     choice (probe included) happens inside the timed epoch, and is read from the loader after
     it (`Chosen`), and the window follows the chosen workers and prefetch.
+
+    `arena=True` (a stoker loader with process workers): after the clocks, each arrival also
+    reads the arena's reserved bytes and the batch's array bytes (a few µs per batch), for
+    `ArenaUse` over the window.
     """
     loader = make()
     arrivals: list[float] = []
     cpu: list[float] = []
     sizes: list[int] = []
+    held: list[int] = []
+    batch_bytes = 0
     cpu_start, start = time.process_time(), time.perf_counter()
     for batch in loader:
         arrivals.append(time.perf_counter())
         cpu.append(time.process_time())
         sizes.append(_batch_len(batch))
+        if arena:
+            held.append(arena_bytes(loader))
+            batch_bytes = max(batch_bytes, array_bytes(batch))
         # dropped before waiting for the next one, so that the loader can reuse its memory
         del batch
     chosen = None
@@ -397,6 +515,11 @@ def _epoch_rate(make: Callable[[], Any], workers: int | None, prefetch: int | No
     del loader
     gc.collect()
     window = steady_window(len(arrivals), workers, 2 if prefetch is None else prefetch)
+    use = None
+    if arena and held:
+        first, last = window if window is not None else (0, len(held) - 1)
+        in_flight = (2 if prefetch is None else prefetch) * max(1, workers)
+        use = ArenaUse(max(held[first : last + 1]), batch_bytes, in_flight)
     return EpochTiming(
         steady=None if window is None else window_rate(arrivals, sizes, window),
         whole=sum(sizes) / (arrivals[-1] - start),
@@ -404,6 +527,7 @@ def _epoch_rate(make: Callable[[], Any], workers: int | None, prefetch: int | No
         whole_main_us=(cpu[-1] - cpu_start) / len(cpu) * 1e6,
         first_s=arrivals[0] - start,
         chosen=chosen,
+        arena=use,
     )
 
 
@@ -505,6 +629,62 @@ def _first_batch_s(make: Callable[[], Any]) -> float:
     return took
 
 
+W5_METHODS = ("fork", "spawn", "forkserver")
+TORCH_FREE = "torch-free"  # W5's variant: a fresh process that imports stoker and numpy, never torch
+TORCH_FREE_MAX_S = 0.3  # its time to the first batch under spawn and forkserver, at most
+W5_VS_TORCH = 0.25  # stoker.torch's time to the first batch (largest dataset) over torch's, at most
+# The torch-free case's subprocess: stoker and numpy only (the dataset is stoker's own
+# ArrayDataset, so that spawn and forkserver workers import nothing else to rebuild it).
+_TORCH_FREE_CODE = """
+import sys, time
+started = time.perf_counter()
+import json
+import numpy as np
+import stoker
+imported = time.perf_counter()
+method, mb, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rows = np.random.default_rng(0).integers(0, 255, mb << 20, dtype=np.uint8).reshape(-1, 64)
+loader = stoker.DataLoader(
+    stoker.ArrayDataset(rows), batch_size=4, num_workers=workers, multiprocessing_context=method
+)
+start = time.perf_counter()
+iterator = iter(loader)
+next(iterator)
+took = time.perf_counter() - start
+torch_imported = "torch" in sys.modules
+del iterator, loader
+print(json.dumps({"first_batch_s": took, "torch_imported": torch_imported,
+                  "import_s": imported - started, "make_s": start - imported}), flush=True)
+"""
+
+
+def w5_methods() -> tuple[str, ...]:
+    """W5's start methods that this platform has (forkserver and fork are POSIX only)."""
+    import multiprocessing
+
+    available = multiprocessing.get_all_start_methods()
+    return tuple(m for m in W5_METHODS if m in available)
+
+
+def torch_free_first_batch(method: str, mb: int, workers: int = 2) -> dict[str, Any]:
+    """W5's torch-free case: a fresh Python (this interpreter, `-c`, the environment as found)
+    imports numpy and stoker only, makes a `stoker.ArrayDataset` over `mb` MB of uint8 (rows of
+    64 bytes, like `HoldsArray`'s samples) and `stoker.DataLoader(batch_size=4,
+    num_workers=workers, multiprocessing_context=method)`, and times `iter()` and the first
+    `next()` with `perf_counter`. Returns the subprocess's JSON: `first_batch_s`,
+    `torch_imported` ("torch" in sys.modules after the first batch), `import_s` (numpy and
+    stoker) and `make_s` (the array and the loader)."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-c", _TORCH_FREE_CODE, method, str(mb), str(workers)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"W5 torch-free {method}: the subprocess failed ({done.returncode}): {done.stderr[-2000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
 def _epoch_boundary(make: Callable[[int], Any], samples: int, epochs: int, batch_size: int) -> dict[str, float]:
     """What an epoch boundary costs with persistent workers, two ways, in seconds.
 
@@ -592,11 +772,14 @@ def _jobs(
     sources: np.ndarray | None = None,
     rep: int = 0,
     auto: bool = False,
+    large: np.ndarray | None = None,
 ) -> list[tuple[str, str, Workers, str, Callable[[], Any]]]:
     """(workload, loader, workers, variant, measure) for repetition `rep`.
 
     `sources` are W7's source images, made once per run (`w7_sources`); W7 runs only through
-    the torch-flavoured loaders, and only when they are in `mods`. With W1, each number of
+    the torch-flavoured loaders, and only when they are in `mods`. `large` are W8's images,
+    made once per run (`w8_images`); W8 runs when they are given. The `stoker` rows of W2 and
+    W8 with workers also read the arena (`ArenaUse`). With W1, each number of
     workers also gets `pairs_per_rep` pairs of stoker epochs with stats on and off (variant
     "stats", one job per pair, which of the two goes first alternating from pair to pair);
     with `auto`, W1-W3 also run stoker with `num_workers="auto", prefetch_factor="auto"`
@@ -610,6 +793,8 @@ def _jobs(
     # the hand-picked rows'), long enough for a steady-state window at the most workers run
     # or that "auto" may choose (usable CPUs)
     w2 = images.resized(w2_samples(s, max([*plan.workers, usable_cpus() or 1])))
+    # W8: one epoch size for every row too (every image once at up to 12 workers)
+    w8 = LargeImages(large, w8_samples(s, max(plan.workers))) if large is not None else None
     for workers in plan.workers:
         for name, mod in mods.items():
 
@@ -620,8 +805,11 @@ def _jobs(
                 workers: int = workers,
                 variant: str = "",
                 prefetch: int = 2,
+                arena: bool = False,
             ) -> None:
-                jobs.append((workload, name, workers, variant, lambda: _epoch_rate(make, workers, prefetch)))
+                jobs.append((workload, name, workers, variant, lambda: _epoch_rate(make, workers, prefetch, arena)))
+
+            reads_arena = name == "stoker" and workers > 0
 
             if "W1" in plan.workloads:
 
@@ -643,7 +831,7 @@ def _jobs(
                 def make_w2(mod: Any = mod, w: int = workers, w2: Images = w2) -> Any:
                     return mod.DataLoader(w2, batch_size=64, num_workers=w)
 
-                add("W2", make_w2)
+                add("W2", make_w2, arena=reads_arena)
             if "W3" in plan.workloads:
 
                 def make_w3(mod: Any = mod, w: int = workers) -> Any:
@@ -665,6 +853,12 @@ def _jobs(
                         return mod.DataLoader(crops, batch_size=b, shuffle=True, num_workers=w, **prefetch)
 
                     add("W7", make_w7, variant=f"b{batch_size}", prefetch=W7_PREFETCH)
+            if "W8" in plan.workloads and w8 is not None:
+
+                def make_w8(mod: Any = mod, w: int = workers, data: LargeImages = w8) -> Any:
+                    return mod.DataLoader(data, batch_size=64, num_workers=w)
+
+                add("W8", make_w8, arena=reads_arena)
     if auto:
         # the same datasets as the hand-picked rows
         auto_data = {"W1": (tiny, 256), "W2": (w2, 64), "W3": (heavy, 16)}
@@ -690,14 +884,21 @@ def _jobs(
             for k in range(AUTO_BLOCKS):
                 jobs.extend(block if (rep * AUTO_BLOCKS + k) % 2 == 0 else block[::-1])
     if "W5" in plan.workloads and any(w > 0 for w in plan.workers):
+        methods = w5_methods()
         for mb in s.w5_mb:
             holder = HoldsArray(mb << 20)
-            for method in ("fork", "spawn"):
+            for method in methods:
                 for name, mod in mods.items():
                     def make(mod: Any = mod, method: str = method, holder: HoldsArray = holder) -> Any:
                         return mod.DataLoader(holder, batch_size=4, num_workers=2, multiprocessing_context=method)
 
                     jobs.append(("W5", name, 2, f"{method} {mb} MB", lambda make=make: _first_batch_s(make)))
+        # stoker alone in a fresh process that never imports torch, the smallest dataset
+        small = min(s.w5_mb)
+        for method in methods:
+            jobs.append(
+                ("W5", "stoker", 2, f"{TORCH_FREE} {method} {small} MB", functools.partial(torch_free_first_batch, method, small))
+            )
     if "W6" in plan.workloads and any(w > 0 for w in plan.workers):
         for name, mod in mods.items():
 
@@ -723,17 +924,25 @@ def run(plan: Plan, progress: bool = True) -> dict[str, Any]:
     busy_rounds = calibrate_busy()
     ceiling = memcpy_gbps()
     machine["memcpy_gbps"] = ceiling
+    ceiling2 = machine["memcpy2_gbps"] = memcpy_threads_gbps(2)
     sources = None
     if "W7" in plan.workloads and any(name in mods for name in W7_LOADERS):
         sources = w7_sources(plan.sizes.w7_sources)
+    large = w8_images(plan.sizes.w8_images) if "W8" in plan.workloads else None
+    if "W5" in plan.workloads and "forkserver" in w5_methods() and any(w > 0 for w in plan.workers):
+        # the server is started once per process, by whichever loader comes first: started
+        # here, neither W5 loader pays for it (the torch-free case, a fresh process, does)
+        import multiprocessing.forkserver
+
+        multiprocessing.forkserver.ensure_running()
     unsupported = auto_unsupported() if any(w in plan.workloads for w in AUTO_WORKLOADS) else None
     auto = any(w in plan.workloads for w in AUTO_WORKLOADS) and unsupported is None
     results: dict[Key, Result] = {}
-    first = _jobs(plan, mods, busy_rounds, sources, 0, auto)
+    first = _jobs(plan, mods, busy_rounds, sources, 0, auto, large)
     total = len(first) * plan.reps  # every repetition has the same jobs
     bar = _progress(total) if progress else None
     for rep in range(plan.reps):
-        jobs = first if rep == 0 else _jobs(plan, mods, busy_rounds, sources, rep, auto)
+        jobs = first if rep == 0 else _jobs(plan, mods, busy_rounds, sources, rep, auto, large)
         for workload, name, workers, variant, measure in jobs:
             if bar is not None:
                 bar.set_description(f"{workload} {name} w={workers} {variant}".strip())
@@ -742,7 +951,7 @@ def run(plan: Plan, progress: bool = True) -> dict[str, Any]:
                 bar.update(1)
     if bar is not None:
         bar.close()
-    del sources, first
+    del sources, first, large
     rows = list(results.values())
     return {
         "machine": machine,
@@ -754,13 +963,14 @@ def run(plan: Plan, progress: bool = True) -> dict[str, Any]:
             for r in rows
         ],
         "w3_scaling": w3_scaling(rows),
+        "arena": arena_use(rows),
         "stats_overhead": stats_overhead(rows),
         "auto": {
             "run": auto,
             "note": None if unsupported is None else f'num_workers="auto" not run: this stoker refuses it ({unsupported})',
             "workloads": auto_vs_best(rows),
         },
-        "targets": targets(rows, ceiling),
+        "targets": targets(rows, ceiling, ceiling2),
     }
 
 
@@ -785,6 +995,13 @@ def environment() -> dict[str, Any]:
         machine["torch_threads"] = torch.get_num_threads()
     for name in THREAD_VARIABLES:
         machine[name] = os.environ.get(name, "unset")
+    # spawn and forkserver workers import stoker afresh: without cached bytecode they compile it
+    import importlib.util
+
+    from stoker._core import loader
+
+    machine["stoker_bytecode_cached"] = os.path.exists(importlib.util.cache_from_source(loader.__file__))
+    machine["PYTHONDONTWRITEBYTECODE"] = os.environ.get("PYTHONDONTWRITEBYTECODE", "unset")
     return machine
 
 
@@ -796,9 +1013,15 @@ def environment_line(machine: dict[str, Any]) -> str:
         else "torch not loaded"
     )
     variables = " ".join(f"{name}={machine.get(name, 'unset')}" for name in THREAD_VARIABLES)
+    bytecode = ""
+    if "stoker_bytecode_cached" in machine:
+        bytecode = (
+            f", stoker's bytecode {'cached' if machine['stoker_bytecode_cached'] else 'not cached'} "
+            f"(PYTHONDONTWRITEBYTECODE={machine.get('PYTHONDONTWRITEBYTECODE', 'unset')})"
+        )
     return (
         f"environment (as found, nothing set by the bench): {machine.get('cpus')} usable CPUs "
-        f"(os.cpu_count() {machine.get('os_cpu_count')}), {torch}, {variables}"
+        f"(os.cpu_count() {machine.get('os_cpu_count')}), {torch}, {variables}{bytecode}"
     )
 
 
@@ -807,7 +1030,7 @@ def _result(results: dict[Key, Result], key: Key) -> Result:
     if result is None:
         workload = key[0]
         result = results[key] = Result(*key)
-        if workload == "W2":
+        if workload in ("W2", "W8"):
             result.bytes_per_sample = IMAGE_BYTES
         elif workload == "W4":
             result.bytes_per_sample = 128 * 4
@@ -832,6 +1055,11 @@ def _record(results: dict[Key, Result], key: Key, value: Any) -> None:
         for row in (cost, gap):
             for field_name, seconds in value.items():
                 row.extra.setdefault(field_name, []).append(seconds)
+    elif workload == "W5" and isinstance(value, dict):  # the torch-free case, from its subprocess
+        row = _result(results, key)
+        row.values.append(float(value["first_batch_s"]))
+        for field_name in ("torch_imported", "import_s", "make_s"):
+            row.extra.setdefault(field_name, []).append(float(value[field_name]))
     elif workload == "W5":
         _result(results, key).values.append(float(value))
     elif isinstance(value, StatsPair):
@@ -858,6 +1086,12 @@ def _record_timing(results: dict[Key, Result], key: Key, timing: EpochTiming) ->
     result.extra.setdefault("main_us_per_batch_with_startup", []).append(timing.whole_main_us)
     result.extra.setdefault("windowed", []).append(float(windowed))
     result.extra.setdefault("first_batch_s", []).append(timing.first_s)
+    if timing.arena is not None:
+        use = timing.arena
+        result.extra.setdefault("arena_bytes", []).append(float(use.arena_bytes))
+        result.extra.setdefault("arena_batch_bytes", []).append(float(use.batch_bytes))
+        result.extra.setdefault("arena_batches", []).append(use.batches)
+        result.extra.setdefault("arena_window", []).append(float(use.window))
     return result
 
 
@@ -883,9 +1117,41 @@ AUTO_VS_BEST_MIN = 0.85  # num_workers="auto" over the best hand-picked number o
 W7_BATCH_COST_GROWTH = 1.25  # main-process µs/batch at b256 over b64, at most
 
 
-def targets(rows: list[Result], ceiling: float) -> list[dict[str, Any]]:
-    """The issue's targets, stoker.torch vs torch.utils.data, as measured: W1-W6 at
-    num_workers=2, W7 at every number of workers >= 1."""
+W8_VS_TORCH = 5.0  # stoker.torch vs torch at 2 workers, samples/s
+MEMCPY_SHARE = 0.70  # W2's and W8's GB/s over the one-core memcpy ceiling, at least
+
+
+def arena_use(rows: list[Result]) -> list[dict[str, Any]]:
+    """Per W2/W8 row that read the arena (stoker, workers >= 1): the arena's reserved bytes at
+    their most over each epoch's steady-state window, in batches, against the prefetch window
+    + 2; `batches` is the most over the repetitions."""
+    out = []
+    for r in rows:
+        per_rep = r.extra.get("arena_batches")
+        if not per_rep or r.variant:
+            continue
+        window = int(r.extra["arena_window"][0])
+        out.append(
+            {
+                "workload": r.workload,
+                "loader": r.loader,
+                "workers": r.workers,
+                "batches": max(per_rep),
+                "per_rep": list(per_rep),
+                "arena_bytes": max(r.extra["arena_bytes"]),
+                "batch_bytes": max(r.extra["arena_batch_bytes"]),
+                "window": window,
+                "limit": window + 2,
+            }
+        )
+    return out
+
+
+def targets(rows: list[Result], ceiling: float, ceiling2: float | None = None) -> list[dict[str, Any]]:
+    """The issue's targets, stoker.torch vs torch.utils.data, as measured: W1-W6 and W8 at
+    num_workers=2, W7 at every number of workers >= 1; W5's torch-free start-up and the arena's
+    size, stoker alone. `ceiling`: one core's memcpy GB/s; `ceiling2`: two threads' (W8's second
+    line, for information: `met` None)."""
     out: list[dict[str, Any]] = []
 
     def ratio_target(
@@ -929,10 +1195,28 @@ def targets(rows: list[Result], ceiling: float) -> list[dict[str, Any]]:
                 "shown": f"{scaling:.0%} of ideal (target >= 90%)",
             }
         )
-    big = [r.variant for r in rows if r.workload == "W5" and r.variant.startswith("spawn")]
-    if big:
-        largest = max(big, key=lambda v: int(v.split()[1]))
-        ratio_target(f"W5 {largest} time to first batch vs torch", "W5", 4.0, largest, lower_is_better=True)
+    for method in W5_METHODS:
+        big = [r.variant for r in rows if r.workload == "W5" and r.variant.startswith(f"{method} ")]
+        if big:
+            largest = max(big, key=lambda v: int(v.split()[1]))
+            need = 1 / W5_VS_TORCH
+            ratio_target(f"W5 {largest} time to first batch vs torch", "W5", need, largest, lower_is_better=True)
+    for method in ("spawn", "forkserver"):  # fork: for reference, in the table
+        for r in rows:
+            if r.workload != "W5" or not r.variant.startswith(f"{TORCH_FREE} {method} "):
+                continue
+            imported = int(sum(r.extra.get("torch_imported", [])))
+            flag = f"; FLAGGED: torch was imported in {imported} of {len(r.values)} runs" if imported else ""
+            out.append(
+                {
+                    "target": f"W5 {r.variant.removeprefix(TORCH_FREE + ' ')} time to first batch, fresh process "
+                    "without torch (stoker)",
+                    "met": r.median < TORCH_FREE_MAX_S and not imported,
+                    "value": r.median,
+                    "shown": f"{r.median:.3f} s ({min(r.values):.3f}-{max(r.values):.3f}), torch "
+                    f"{'imported' if imported else 'not imported'}{flag} (target < {TORCH_FREE_MAX_S:g} s)",
+                }
+            )
     gap = _find(rows, "W6", "stoker.torch", 2, "gap")
     if gap is not None:
         seconds = statistics.median(gap.extra["gap_s"])
@@ -977,6 +1261,41 @@ def targets(rows: list[Result], ceiling: float) -> list[dict[str, Any]]:
                     f"= {growth:.2f}x (target <= {W7_BATCH_COST_GROWTH:g}x)",
                 }
             )
+    ratio_target("W8 images 1 GB samples/s vs torch", "W8", W8_VS_TORCH)
+    w8 = _find(rows, "W8", "stoker.torch", 2)
+    if w8 is not None:
+        gbps = w8.gbps() or 0.0
+        share = gbps / ceiling
+        out.append(
+            {
+                "target": "W8 images 1 GB GB/s vs one-core memcpy",
+                "met": share >= MEMCPY_SHARE,
+                "value": share,
+                "shown": f"{gbps:.2f} GB/s = {share:.0%} of {ceiling:.1f} GB/s (target >= {MEMCPY_SHARE:.0%})",
+            }
+        )
+        if ceiling2:
+            share2 = gbps / ceiling2
+            out.append(
+                {
+                    "target": "W8 images 1 GB GB/s vs two-thread memcpy",
+                    "met": None,
+                    "value": share2,
+                    "shown": f"{gbps:.2f} GB/s = {share2:.0%} of {ceiling2:.1f} GB/s (for information, no target)",
+                }
+            )
+    for entry in arena_use(rows):
+        out.append(
+            {
+                "target": f"{entry['workload']} arena at steady state w={entry['workers']} ({entry['loader']}, "
+                "reserved bytes / batch bytes)",
+                "met": entry["batches"] <= entry["limit"],
+                "value": entry["batches"],
+                "shown": f"{entry['arena_bytes'] / 1e6:.1f} MB = {entry['batches']:.2f} batches of "
+                f"{entry['batch_bytes'] / 1e6:.2f} MB (repetitions: {' '.join(f'{v:.2f}' for v in entry['per_rep'])}) "
+                f"(target <= window {entry['window']} + 2 = {entry['limit']})",
+            }
+        )
     for entry in stats_overhead(rows):
         overhead = entry["overhead"]
         out.append(
@@ -1103,11 +1422,14 @@ def _fmt_us(x: float | None) -> str:
     return f"{x:.0f}" if x >= 100 else f"{x:.1f}"
 
 
+NAME_WIDTH = 32  # the table's workload column: "W5 torch-free forkserver 200 MB"
+
+
 def table(report: dict[str, Any]) -> str:
     """The human-readable table of a report."""
     lines = []
     header = (
-        f"{'workload':<18}{'loader':<14}{'workers':>7}  {'median':>10}  {'min-max':>19}  {'GB/s':>6}  "
+        f"{'workload':<{NAME_WIDTH}}{'loader':<14}{'workers':>7}  {'median':>10}  {'min-max':>19}  {'GB/s':>6}  "
         f"{'vs torch':>8}  {'main µs/batch':>13}"
     )
     lines.append(header)
@@ -1133,13 +1455,38 @@ def table(report: dict[str, Any]) -> str:
         name = f"{r['workload']} {r['variant']}".strip()
         us = _fmt_us(r.get("main_us_per_batch"))
         lines.append(
-            f"{name:<18}{r['loader']:<14}{r['workers']:>7}  {med:>10}  {span:>19}  {gb:>6}  {vs:>8}  {us:>13}"
+            f"{name:<{NAME_WIDTH}}{r['loader']:<14}{r['workers']:>7}  {med:>10}  {span:>19}  {gb:>6}  {vs:>8}  {us:>13}"
         )
     if report.get("w3_scaling"):
         lines.append("")
         lines.append("W3 scaling (samples/s at N workers / (N x samples/s at 0 workers)):")
         for entry in report["w3_scaling"]:
             lines.append(f"  {entry['loader']:<14}{entry['workers']:>3} workers  {entry['scaling']:.0%}")
+    if report.get("arena"):
+        lines.append("")
+        lines.append(
+            "arena (stoker): shared-memory slots reserved, at their most over the steady-state window, "
+            "in batches (most over the repetitions), against prefetch_factor x workers + 2:"
+        )
+        for entry in report["arena"]:
+            lines.append(
+                f"  {entry['workload']} w={entry['workers']:<3} {entry['arena_bytes'] / 1e6:7.1f} MB = "
+                f"{entry['batches']:.2f} x {entry['batch_bytes'] / 1e6:.2f} MB  (limit {entry['limit']})"
+            )
+    torch_free = [r for r in rows if r["workload"] == "W5" and r["variant"].startswith(TORCH_FREE)]
+    if torch_free:
+        lines.append("")
+        lines.append(
+            "W5 torch-free (stoker in a fresh `python -c` that imports stoker and numpy, never torch; "
+            "iter() + first next()):"
+        )
+        for r in torch_free:
+            imported = int(sum(r["extra"].get("torch_imported", [])))
+            lines.append(
+                f"  {r['variant']:<30} {r['median']:.3f} s; import {statistics.median(r['extra']['import_s']):.3f} s, "
+                f"dataset + loader {statistics.median(r['extra']['make_s']):.3f} s; "
+                + (f"FLAGGED: torch imported in {imported} of {len(r['values'])} runs" if imported else "torch not imported")
+            )
     if report.get("stats_overhead"):
         lines.append("")
         lines.append(
@@ -1179,7 +1526,7 @@ def table(report: dict[str, Any]) -> str:
                 lines.append(f"      {count}x: {choice}")
     lines.append("")
     lines.append(
-        "W1-W4, W7: steady-state samples/s in the middle of one epoch of a fresh loader, and the main "
+        "W1-W4, W7, W8: steady-state samples/s in the middle of one epoch of a fresh loader, and the main "
         "process's CPU time per batch (all its threads, not its workers) over the same window (the JSON "
         "also has iter()-to-end figures, start-up included); W5: seconds to first batch (t = time ratio); "
         "W6 gap: last batch of an epoch to the next epoch's first, in median batch gaps; "
@@ -1197,16 +1544,21 @@ def table(report: dict[str, Any]) -> str:
             "epochs too short for a steady-state window, rate from iter() to the end instead: "
             + ", ".join(short)
         )
-    lines.append(f"memcpy ceiling (one core): {report['machine']['memcpy_gbps']:.1f} GB/s")
+    two = report["machine"].get("memcpy2_gbps")
+    lines.append(
+        f"memcpy ceiling (one core): {report['machine']['memcpy_gbps']:.1f} GB/s"
+        + (f"; two threads at once: {two:.1f} GB/s" if two else "")
+    )
     lines.append(environment_line(report["machine"]))
     if report["targets"]:
         lines.append("")
         lines.append(
-            "targets (stoker.torch vs torch.utils.data: W1-W6 at num_workers=2, W7 at each; "
-            "stats overhead and auto: stoker against itself):"
+            "targets (stoker.torch vs torch.utils.data: W1-W6 and W8 at num_workers=2, W7 at each; "
+            "W5 torch-free, arena, stats overhead and auto: stoker alone or against itself):"
         )
         for t in report["targets"]:
-            lines.append(f"  {'MET   ' if t['met'] else 'MISSED'} {t['target']}: {t['shown']}")
+            label = "INFO  " if t["met"] is None else "MET   " if t["met"] else "MISSED"
+            lines.append(f"  {label} {t['target']}: {t['shown']}")
     return "\n".join(lines)
 
 
@@ -1236,7 +1588,8 @@ def figure(report: dict[str, Any]) -> Any:
     """A matplotlib figure of a report, or None when it has nothing to draw. Top row: samples/s
     per workload and loader (the auto rows in their workload's panel). Bottom row, when
     measured: W1's stats overhead per number of workers (each pair a dot, the median a bar, the
-    2 % line), and "auto" over the best hand-picked setting per workload (the 0.85 line)."""
+    2 % line), "auto" over the best hand-picked setting per workload (the 0.85 line), and the
+    arena in batches per W2/W8 row against its window + 2."""
     import matplotlib.pyplot as plt
 
     rows = [
@@ -1250,7 +1603,8 @@ def figure(report: dict[str, Any]) -> Any:
     workloads = sorted({panel(r) for r in rows})
     overhead = report.get("stats_overhead") or []
     auto = (report.get("auto") or {}).get("workloads") or []
-    below = int(bool(overhead)) + int(bool(auto))
+    arena = report.get("arena") or []
+    below = int(bool(overhead)) + int(bool(auto)) + int(bool(arena))
     if not workloads and not below:
         return None
     columns = max(len(workloads), below, 1)
@@ -1295,6 +1649,15 @@ def figure(report: dict[str, Any]) -> Any:
             ax.set_ylim(0, max(1.15, *(e["ratio"] * 1.15 for e in auto)))
             ax.set_ylabel("auto / best hand-picked (iter() to end)")
             ax.set_title('num_workers="auto" vs best hand-picked')
+            ax.legend(fontsize=6, loc="lower right")
+        if arena:
+            ax = next(axes)
+            xs = range(len(arena))
+            ax.bar(xs, [e["batches"] for e in arena], color=_colour("stoker"), label="arena / batch bytes")
+            ax.scatter(xs, [e["limit"] for e in arena], color="#c0392b", marker="_", s=400, label="target: window + 2")
+            ax.set_xticks(xs, [f"{e['workload']}\nw={e['workers']}" for e in arena])
+            ax.set_ylabel("batches")
+            ax.set_title("arena at steady state (stoker)")
             ax.legend(fontsize=6, loc="lower right")
     return fig
 

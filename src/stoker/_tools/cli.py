@@ -7,7 +7,7 @@ import importlib.util
 import os
 import sys
 
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8")
 
 
 def _csv(text: str) -> list[str]:
@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     bench = commands.add_parser(
         "bench",
         help="run the standard synthetic workloads through stoker and torch.utils.data",
-        description="Runs workloads W1-W7 (see benchmarks/README.md) and prints a table. It measures in "
+        description="Runs workloads W1-W8 (see benchmarks/README.md) and prints a table. It measures in "
         "the environment it is started in: it sets no thread variables (OMP_NUM_THREADS, ...) and "
         "records the ones it saw in the report.",
     )
@@ -120,7 +120,7 @@ def _bench(args: argparse.Namespace) -> int:
     workloads = [w.upper() for w in (args.workloads if isinstance(args.workloads, list) else _csv(args.workloads))]
     unknown = sorted(set(workloads) - set(WORKLOADS))
     if unknown:
-        print(f"stoker bench: unknown workloads {unknown}; choose from W1..W7", file=sys.stderr)
+        print(f"stoker bench: unknown workloads {unknown}; choose from W1..W8", file=sys.stderr)
         return 2
     raw_workers = args.workers if isinstance(args.workers, list) else _csv(args.workers)
     try:
