@@ -12,6 +12,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,bench]' '$(TORCH_PIN)'
+	$(PY) -m compileall -q src
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -21,10 +22,14 @@ test: $(STAMP)
 	$(PY) -m mypy
 	$(PY) -m pytest -q
 
+# Bytecode as a wheel install would leave it (an editable install leaves none, and with
+# PYTHONDONTWRITEBYTECODE set every spawn/forkserver worker would compile stoker afresh).
 bench: $(STAMP)
+	$(PY) -m compileall -q src
 	$(VENV)/bin/stoker bench
 	$(PY) benchmarks/close_times.py
 	$(PY) benchmarks/resume_cost.py
+	$(PY) benchmarks/memory.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests $(wildcard benchmarks) $(wildcard examples)

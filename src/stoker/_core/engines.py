@@ -129,6 +129,32 @@ def make_engine(plan: LoadPlan, base_seed: int) -> Engine:
     return ProcessEngine(configs(n, thread=False), context, plan.arena)
 
 
+WORKER_MODULES = ("stoker._core.worker", "stoker._core.arena")
+
+
+def prepare_forkserver(dataset: Any, start: bool = False) -> None:
+    """Have the forkserver import what every worker imports (stoker's worker modules and the
+    dataset's own module) once, so that each worker forked from it starts with them, and
+    (`start`) start it now, so that those imports overlap with the caller's own set-up.
+
+    The preload only applies to a server not yet running; modules already listed (by the
+    user, or multiprocessing's default `__main__`) are kept. A module that fails to import is
+    skipped by the server, as multiprocessing does for every preload."""
+    from multiprocessing import forkserver
+
+    server = getattr(forkserver, "_forkserver", None)
+    current = list(getattr(server, "_preload_modules", None) or ["__main__"])
+    wanted = [*WORKER_MODULES]
+    module = getattr(type(dataset), "__module__", None)
+    if isinstance(module, str) and module not in ("__main__", "builtins") and not module.startswith("stoker."):
+        wanted.append(module)
+    modules = list(dict.fromkeys([*current, *wanted]))
+    if modules != current:
+        forkserver.set_forkserver_preload(modules)
+    if start:
+        forkserver.ensure_running()
+
+
 def make_transport(arena: Arena | None, num_workers: int) -> Transport:
     """The shared-memory arena, or pickling when `STOKER_TRANSPORT=pickle`."""
     if os.environ.get(TRANSPORT_ENV, "arena") == "pickle":
@@ -316,6 +342,8 @@ class ProcessEngine:
 
     def _start_workers(self, worker_ids: Sequence[int]) -> None:
         method = self._context.get_start_method()
+        if method == "forkserver":
+            prepare_forkserver(self._heavy[0])
         parent = ParentWatch.for_start_method(method)
         heavy: Any = self._heavy
         if method != "fork":

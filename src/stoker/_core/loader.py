@@ -31,6 +31,7 @@ from .._data.samplers import (
 from .arena import Arena, arena_limit
 from .auto import AutoStart, Choice, choose
 from .bar import require_tqdm
+from .engines import prepare_forkserver
 from .iterator import LoaderIterator
 from .plan import LoadPlan
 from .resume import ELASTIC_KEYS, Progress, capture_epoch, make_elastic
@@ -346,6 +347,15 @@ class DataLoader(Generic[T_co]):
         self.__initialized = True
         if not auto_workers:
             warn_if_too_many_workers(workers_given, stacklevel=3)
+        if workers_given > 0 and not thread_pool and self._start_method() == "forkserver":
+            prepare_forkserver(dataset, start=True)  # its imports overlap with the caller's set-up
+
+    def _start_method(self) -> str:
+        """The start method the workers will use, without fixing multiprocessing's default
+        (asking the default context would)."""
+        if self.multiprocessing_context is not None:
+            return str(self.multiprocessing_context.get_start_method())
+        return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
 
     # ------------------------------------------------------------- flavour
     @staticmethod

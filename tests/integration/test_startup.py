@@ -1,0 +1,111 @@
+"""Worker start-up: what a spawn/forkserver worker imports, and the forkserver that a
+forkserver loader prepares (preloaded with stoker's worker modules and the dataset's module,
+started when the loader is made). Each case runs in a fresh interpreter, with a hard timeout,
+so that the test session's own forkserver and imports do not hide anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_fresh(code: str, tmp_path: Path) -> dict:
+    """Run `code` in a fresh interpreter (tmp_path importable) and return the JSON it prints last."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "src")]))
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+DATASET = """
+import numpy as np
+import stoker
+
+class Squares(stoker.Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return np.array([i, i * i])
+
+
+def modules(batch):
+    import sys
+    return sorted(m for m in sys.modules if m.startswith("stoker"))
+"""
+
+
+def test_a_spawn_worker_imports_only_what_a_worker_needs(tmp_path: Path) -> None:
+    (tmp_path / "squares.py").write_text(DATASET)
+    report = run_fresh(
+        """
+        import json, sys
+        import stoker
+        from squares import Squares, modules
+
+        if __name__ == "__main__":
+            assert "stoker._core.loader" not in sys.modules  # importing stoker imports no loader
+            loader = stoker.DataLoader(
+                Squares(), batch_size=8, num_workers=1, multiprocessing_context="spawn",
+                collate_fn=modules,
+            )
+            print(json.dumps({"worker": next(iter(loader))}))
+        """,
+        tmp_path,
+    )
+    worker = set(report["worker"])
+    assert {"stoker._core.worker", "stoker._data.datasets"} <= worker
+    # the main-process parts never reach a worker
+    assert not worker & {"stoker._core.loader", "stoker._core.iterator", "stoker._core.auto", "stoker._tools.bench"}
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forkserver is a POSIX start method")
+def test_a_forkserver_loader_starts_a_preloaded_server_when_made(tmp_path: Path) -> None:
+    (tmp_path / "squares.py").write_text(DATASET)
+    report = run_fresh(
+        """
+        import json
+        from multiprocessing import forkserver
+        import stoker
+        from squares import Squares
+
+        if __name__ == "__main__":
+            forkserver.set_forkserver_preload(["__main__", "json"])  # the user's own list is kept
+            loader = stoker.DataLoader(Squares(), batch_size=8, num_workers=2, multiprocessing_context="forkserver")
+            server = forkserver._forkserver
+            started = server._forkserver_pid is not None  # before any iter()
+            batches = [b.tolist() for b in loader]
+            print(json.dumps({"started": started, "preload": server._preload_modules, "batches": batches}))
+        """,
+        tmp_path,
+    )
+    assert report["started"]
+    assert report["preload"][:2] == ["__main__", "json"]
+    assert {"stoker._core.worker", "stoker._core.arena", "squares"} <= set(report["preload"])
+    assert report["batches"] == [[[i, i * i] for i in range(k, k + 8)] for k in range(0, 40, 8)]
+
+
+def test_prepare_forkserver_leaves_a_running_server_and_stoker_datasets_alone(monkeypatch) -> None:
+    from multiprocessing import forkserver
+
+    import stoker
+    from stoker._core.engines import WORKER_MODULES, prepare_forkserver
+
+    fresh = forkserver.ForkServer()
+    monkeypatch.setattr(forkserver, "_forkserver", fresh)
+    monkeypatch.setattr(forkserver, "set_forkserver_preload", fresh.set_forkserver_preload)
+    prepare_forkserver(stoker.ArrayDataset([1, 2, 3]))  # stoker's own class: nothing more to import
+    assert fresh._preload_modules == ["__main__", *WORKER_MODULES]
+    prepare_forkserver(stoker.ArrayDataset([1, 2, 3]))  # idempotent
+    assert fresh._preload_modules == ["__main__", *WORKER_MODULES]
+    assert fresh._forkserver_pid is None  # start=False starts nothing
