@@ -476,7 +476,7 @@ class WorkerPool:
         self.fds: dict[int, int] = {}  # slots that can be handed to a process that lacks them
         self.free: list[int] = []
         self.released: deque[int] = deque()  # filled by finalizers, from any thread
-        self.last_need = 0  # bytes the last batch occupied
+        self.peak_need = 0  # bytes the largest batch so far occupied
 
     def take_free(self, mapped: set[int]) -> int | None:
         """A free slot, preferring one the asking process maps already; the largest of those."""
@@ -522,7 +522,10 @@ class Arena:
             pool = self.pool(worker_id)
             slot_id = pool.take_free(mapped)
             budget = None if self.limit is None else max(0, self.limit - pool.bytes)
-            hint = int(pool.last_need * GROWTH)  # the worker rounds it when it makes the slot
+            # the largest batch so far, no headroom: batches of one size (images) then take
+            # exactly window + 2 of their sizes at steady state; a larger batch outgrows its
+            # slot and gets a new one with GROWTH headroom (`SlotWriter`)
+            hint = pool.peak_need  # the worker rounds it when it makes the slot
             spare = next(self._ids)
             if slot_id is None:
                 return SlotOrder(None, 0, False, spare, hint, budget)
@@ -562,7 +565,7 @@ class Arena:
                     if retired_fd is not None:
                         os.close(retired_fd)
         if header.leaves:
-            pool.last_need = max(leaf.offset + leaf.nbytes for leaf in header.leaves)
+            pool.peak_need = max(pool.peak_need, max(leaf.offset + leaf.nbytes for leaf in header.leaves))
         owners = {slot_id: self._lease(pool, slot_id) for slot_id in {leaf.slot_id for leaf in header.leaves}}
         views = [_view(owners[leaf.slot_id], leaf) for leaf in header.leaves]
         payload = _LeafUnpickler(io.BytesIO(body), views).load()
