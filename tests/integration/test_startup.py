@@ -95,7 +95,7 @@ def test_a_forkserver_loader_starts_a_preloaded_server_when_made(tmp_path: Path)
     assert report["batches"] == [[[i, i * i] for i in range(k, k + 8)] for k in range(0, 40, 8)]
 
 
-def test_prepare_forkserver_leaves_a_running_server_and_stoker_datasets_alone(monkeypatch) -> None:
+def test_prepare_forkserver_adds_the_dataset_and_collate_modules_once(monkeypatch) -> None:
     from multiprocessing import forkserver
 
     import stoker
@@ -104,8 +104,13 @@ def test_prepare_forkserver_leaves_a_running_server_and_stoker_datasets_alone(mo
     fresh = forkserver.ForkServer()
     monkeypatch.setattr(forkserver, "_forkserver", fresh)
     monkeypatch.setattr(forkserver, "set_forkserver_preload", fresh.set_forkserver_preload)
-    prepare_forkserver(stoker.ArrayDataset([1, 2, 3]))  # stoker's own class: nothing more to import
-    assert fresh._preload_modules == ["__main__", *WORKER_MODULES]
-    prepare_forkserver(stoker.ArrayDataset([1, 2, 3]))  # idempotent
-    assert fresh._preload_modules == ["__main__", *WORKER_MODULES]
+    import stoker.torch
+
+    data = stoker.ArrayDataset([1, 2, 3])
+    prepare_forkserver(data, stoker.default_collate)
+    assert fresh._preload_modules == ["__main__", *WORKER_MODULES, "stoker._data.datasets", "stoker._data.collate"]
+    prepare_forkserver(data, stoker.default_collate)  # idempotent
+    assert fresh._preload_modules == ["__main__", *WORKER_MODULES, "stoker._data.datasets", "stoker._data.collate"]
+    prepare_forkserver(data, stoker.torch.default_collate)  # the torch flavour's collate brings torch
+    assert fresh._preload_modules[-1] == stoker.torch.default_collate.__module__
     assert fresh._forkserver_pid is None  # start=False starts nothing

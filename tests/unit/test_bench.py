@@ -266,6 +266,8 @@ def test_stats_overhead_and_auto_figures_and_targets() -> None:
     assert overhead[0]["per_pair"] == pytest.approx([0.01, 0.005, -0.01])
     assert overhead[2]["overhead"] == pytest.approx(0.05)
     assert overhead[2]["on"] == 200.0 and overhead[2]["off"] == 210.0
+    # the epochs run next to the auto rows are not W3's scaling rows
+    assert [(e["workers"], e["scaling"]) for e in bench.w3_scaling(rows)] == [(1, 1.5), (2, 0.9)]
     auto = {e["workload"]: e for e in bench.auto_vs_best(rows)}
     assert set(auto) == {"W1", "W3"}  # no W2 rows
     assert auto["W1"]["best_workers"] == 2 and auto["W1"]["ratio"] == pytest.approx(153 / 162)

@@ -132,10 +132,11 @@ def make_engine(plan: LoadPlan, base_seed: int) -> Engine:
 WORKER_MODULES = ("stoker._core.worker", "stoker._core.arena")
 
 
-def prepare_forkserver(dataset: Any, start: bool = False) -> None:
-    """Have the forkserver import what every worker imports (stoker's worker modules and the
-    dataset's own module) once, so that each worker forked from it starts with them, and
-    (`start`) start it now, so that those imports overlap with the caller's own set-up.
+def prepare_forkserver(dataset: Any, collate_fn: Any = None, start: bool = False) -> None:
+    """Have the forkserver import what every worker imports (stoker's worker modules, the
+    dataset's and the collate function's modules: `stoker.torch`'s collate brings torch) once,
+    so that each worker forked from it starts with them, and (`start`) start it now, so that
+    those imports overlap with the caller's own set-up.
 
     The preload only applies to a server not yet running; modules already listed (by the
     user, or multiprocessing's default `__main__`) are kept. A module that fails to import is
@@ -145,9 +146,9 @@ def prepare_forkserver(dataset: Any, start: bool = False) -> None:
     server = getattr(forkserver, "_forkserver", None)
     current = list(getattr(server, "_preload_modules", None) or ["__main__"])
     wanted = [*WORKER_MODULES]
-    module = getattr(type(dataset), "__module__", None)
-    if isinstance(module, str) and module not in ("__main__", "builtins") and not module.startswith("stoker."):
-        wanted.append(module)
+    for module in (getattr(type(dataset), "__module__", None), getattr(collate_fn, "__module__", None)):
+        if isinstance(module, str) and module not in ("__main__", "builtins"):
+            wanted.append(module)
     modules = list(dict.fromkeys([*current, *wanted]))
     if modules != current:
         forkserver.set_forkserver_preload(modules)
@@ -343,7 +344,7 @@ class ProcessEngine:
     def _start_workers(self, worker_ids: Sequence[int]) -> None:
         method = self._context.get_start_method()
         if method == "forkserver":
-            prepare_forkserver(self._heavy[0])
+            prepare_forkserver(self._heavy[0], self._heavy[1])
         parent = ParentWatch.for_start_method(method)
         heavy: Any = self._heavy
         if method != "fork":

@@ -348,7 +348,7 @@ class DataLoader(Generic[T_co]):
         if not auto_workers:
             warn_if_too_many_workers(workers_given, stacklevel=3)
         if workers_given > 0 and not thread_pool and self._start_method() == "forkserver":
-            prepare_forkserver(dataset, start=True)  # its imports overlap with the caller's set-up
+            prepare_forkserver(dataset, self.collate_fn, start=True)  # imports overlap the caller's set-up
 
     def _start_method(self) -> str:
         """The start method the workers will use, without fixing multiprocessing's default

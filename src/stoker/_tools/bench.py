@@ -1400,7 +1400,10 @@ def w3_scaling(rows: list[Result]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         base = _find(rows, "W3", r.loader, 0)
-        if r.workload == "W3" and isinstance(r.workers, int) and r.workers > 0 and base is not None:
+        if (
+            r.workload == "W3" and r.variant == "" and isinstance(r.workers, int) and r.workers > 0
+            and base is not None
+        ):
             out.append(
                 {"loader": r.loader, "workers": r.workers, "scaling": r.median / (r.workers * base.median)}
             )
