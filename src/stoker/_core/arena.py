@@ -4,8 +4,9 @@
  main process: the loader's Arena (free lists, one fd per slot)      worker w
  ──────────────────────────────────────────────────────────────      ────────
  Task(id, index, slot=SlotOrder) ─────────────────────────────────▶ collate; array leaves are
-   use: a free slot of w's pool (its fd follows, SCM_RIGHTS,           allocated inside the
+   use: a free slot of the pool (its fd follows, SCM_RIGHTS,           allocated inside the
         the first time this process is given it), or None             slot when they fit
+   drop: slots another worker retired, to unmap
    spare_id / size_hint: make a new slot of about this size
                          ◀──────────────────────────────────────── header: SlotHeader (leaf
                                                                       table, new/retired slots)
@@ -13,11 +14,14 @@
                                                                       array leaf replaced by its
                                                                       number in the table
                          ◀──────────────────────────────────────── fds of new slots, if any
- map new slots once; build numpy views onto the slots (zero copy); the slot returns to w's
+ map new slots once; build numpy views onto the slots (zero copy); the slot returns to the
  free list when the last view of that batch is garbage-collected.
 ```
 
-The `Arena` belongs to the DataLoader and outlives its iterators: the slots an epoch's
+All workers draw from one pool of slots: a slot freed by one worker's batch serves any
+worker's next task (a process is handed a slot's descriptor the first time it is given
+that slot), so at steady state the loader holds about prefetch window + 2 slots, however
+many workers it has. The `Arena` belongs to the DataLoader and outlives its iterators: the slots an epoch's
 workers made are handed to the next epoch's workers (non-persistent workers are new
 processes each epoch), so in steady state no batch costs a slot's creation, its zeroing,
 its page faults or its unmapping, whatever its size. Each process maps a slot once and
@@ -77,7 +81,7 @@ def _page_rounded(n: int) -> int:
 
 
 def arena_limit() -> int | None:
-    """The most bytes of slots one worker's pool may hold (`STOKER_ARENA_MAX_BYTES`), or None."""
+    """The most bytes of slots the loader's arena may hold (`STOKER_ARENA_MAX_BYTES`), or None."""
     raw = os.environ.get(ARENA_LIMIT_ENV)
     if not raw:
         return None
@@ -106,7 +110,8 @@ class SlotOrder(Compact):
     attach: bool  # the slot's descriptor follows the task: this process has not mapped it
     spare_id: int  # the id to give a slot the worker makes for this task
     size_hint: int  # bytes to make a slot of up front when `use` is None (0: unknown)
-    budget: int | None  # bytes the worker's pool may still grow by (None: unlimited)
+    budget: int | None  # bytes the pool may still grow by (None: unlimited)
+    drop: tuple[int, ...] = ()  # slots this process maps that another worker retired: unmap them
 
 
 @dataclass(frozen=True)
@@ -306,6 +311,11 @@ class SlotWriter:
     # requests ------------------------------------------------------------------
     def recv_request(self, conn: Any) -> Request:
         message = pickle.loads(conn.recv_bytes())
+        if isinstance(message, Task) and isinstance(message.slot, SlotOrder):
+            for slot_id in message.slot.drop:
+                dropped = self.slots.get(slot_id)
+                if dropped is not None:
+                    self._retire(dropped)
         if isinstance(message, Task) and isinstance(message.slot, SlotOrder) and message.slot.attach:
             order = message.slot
             assert order.use is not None, "a slot to attach is a slot to use"
@@ -465,9 +475,9 @@ class SlotWriter:
 
 # ------------------------------------------------------------------ main side
 class WorkerPool:
-    """The slots of one worker id: mappings, descriptors, free list.
+    """The arena's slots: mappings, descriptors, free list.
 
-    Shared by every process that serves that worker id over the loader's life.
+    Shared by every worker process of the loader, over its life.
     """
 
     def __init__(self) -> None:
@@ -508,16 +518,20 @@ class Arena:
         self._fd_budget = fd_budget()
         self._warned_fallback = False
         self._warned_held = False
+        self._workers: set[int] = set()  # worker ids served (the held-slots warning scales with them)
         weakref.finalize(self, _close_fds, self.pools)
 
     def pool(self, worker_id: int) -> WorkerPool:
-        pool = self.pools.get(worker_id)
+        """The pool worker `worker_id` draws from: one for all workers (kept in `pools[0]`)."""
+        self._workers.add(worker_id)
+        pool = self.pools.get(0)
         if pool is None:
-            pool = self.pools[worker_id] = WorkerPool()
+            pool = self.pools[0] = WorkerPool()
         return pool
 
-    def order(self, worker_id: int, mapped: set[int]) -> SlotOrder:
-        """Where the next task of worker `worker_id` collates; `mapped`: slots its process maps."""
+    def order(self, worker_id: int, mapped: set[int], drop: tuple[int, ...] = ()) -> SlotOrder:
+        """Where the next task of worker `worker_id` collates; `mapped`: slots its process
+        maps; `drop`: slots it maps that another worker retired."""
         with self._lock:
             pool = self.pool(worker_id)
             slot_id = pool.take_free(mapped)
@@ -528,15 +542,15 @@ class Arena:
             hint = pool.peak_need  # the worker rounds it when it makes the slot
             spare = next(self._ids)
             if slot_id is None:
-                return SlotOrder(None, 0, False, spare, hint, budget)
-            return SlotOrder(slot_id, pool.sizes[slot_id], slot_id not in mapped, spare, 0, budget)
+                return SlotOrder(None, 0, False, spare, hint, budget, drop)
+            return SlotOrder(slot_id, pool.sizes[slot_id], slot_id not in mapped, spare, 0, budget, drop)
 
     def fd_of(self, worker_id: int, slot_id: int) -> int:
-        return self.pools[worker_id].fds[slot_id]
+        return self.pool(worker_id).fds[slot_id]
 
     def release(self, worker_id: int, slot_id: int) -> None:
         """A slot that was given out but carried nothing goes back to the free list."""
-        pool = self.pools[worker_id]
+        pool = self.pool(worker_id)
         if slot_id in pool.maps:
             pool.released.append(slot_id)
 
@@ -550,7 +564,7 @@ class Arena:
             return Done(header.task_id, recv_out_of_band(conn, list(header.sizes), body), header.work), None
         if not isinstance(header, SlotHeader):
             raise pickle.UnpicklingError(f"unexpected reply header {type(header).__name__}")
-        pool = self.pools[worker_id]
+        pool = self.pool(worker_id)
         if header.new:
             fds = _recv_fds(conn, len(header.new))
             with self._lock:
@@ -603,7 +617,7 @@ class Arena:
             )
 
     def _check_held(self, pool: WorkerPool) -> None:
-        if not self._warned_held and len(pool.maps) > self.HELD_WARNING_SLOTS:
+        if not self._warned_held and len(pool.maps) > self.HELD_WARNING_SLOTS * max(1, len(self._workers)):
             self._warned_held = True
             total = pool.bytes / 2**20
             warnings.warn(
@@ -645,6 +659,7 @@ class ArenaLink:
     def __init__(self, arena: Arena, num_workers: int) -> None:
         self.arena = arena
         self._mapped: list[set[int]] = [set() for _ in range(num_workers)]
+        self._drop: list[list[int]] = [[] for _ in range(num_workers)]  # retired by another worker
         self._assigned: dict[int, tuple[int, int]] = {}  # task id -> (worker id, slot id)
 
     def worker_side(self) -> SlotWriter:
@@ -654,7 +669,9 @@ class ArenaLink:
         if not isinstance(message, Task):
             conn.send_bytes(pickle.dumps(message, protocol=5))
             return
-        order = self.arena.order(worker_id, self._mapped[worker_id])
+        drop = self._drop[worker_id]
+        order = self.arena.order(worker_id, self._mapped[worker_id], tuple(drop))
+        drop.clear()
         if order.use is not None:
             self._assigned[message.task_id] = (worker_id, order.use)
         conn.send_bytes(pickle.dumps(Task(message.task_id, message.index, message.epoch, message.batch, order), protocol=5))
@@ -671,6 +688,10 @@ class ArenaLink:
         if header is not None:
             mapped.update(slot_id for slot_id, _ in header.new)
             mapped.difference_update(header.retired)
+            for other, theirs in enumerate(self._mapped):  # they unmap it with their next task
+                for slot_id in theirs.intersection(header.retired):
+                    theirs.discard(slot_id)
+                    self._drop[other].append(slot_id)
             used = {leaf.slot_id for leaf in header.leaves} | set(header.retired)
         if given is not None and given not in used:
             self.arena.release(worker_id, given)
@@ -684,6 +705,7 @@ class ArenaLink:
                 del self._assigned[task_id]
                 self.arena.release(owner, slot_id)
         self._mapped[worker_id] = set()
+        self._drop[worker_id] = []
 
     def close(self) -> None:
         """The workers are gone: slots given to tasks that never answered are free again."""
