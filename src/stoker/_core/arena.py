@@ -670,7 +670,7 @@ class ArenaLink:
             conn.send_bytes(pickle.dumps(message, protocol=5))
             return
         drop = self._drop[worker_id]
-        order = self.arena.order(worker_id, self._mapped[worker_id], tuple(drop))
+        order = self.arena.order(worker_id, self._mapped[worker_id], tuple(drop) if drop else ())
         drop.clear()
         if order.use is not None:
             self._assigned[message.task_id] = (worker_id, order.use)
