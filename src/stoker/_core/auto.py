@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from .fetch import MapFetcher
 from .seeding import restore_globals, seed_main_globals
-from .stats import array_bytes
+from .stats import Work, array_bytes
 
 if TYPE_CHECKING:
     from .arena import Arena
@@ -265,7 +265,7 @@ class Head:
         self.times: list[float] = []
         self.nbytes = 0
 
-    def add(self, work: tuple[int, int, float, float, float] | None) -> None:
+    def add(self, work: Work | None) -> None:
         """A delivered batch's timing (None: it raised, and says nothing of the cost)."""
         if work is not None:
             self.times.append(work[2] + work[3])

@@ -56,6 +56,17 @@ def usable_cpus() -> int | None:
     return os.cpu_count()
 
 
+def start_method_of(context: multiprocessing.context.BaseContext | str | None) -> str:
+    """The start method workers started with `context` (a context, a method's name, or None for
+    multiprocessing's default) use, without fixing multiprocessing's default: asking the
+    default context would, and a later `set_start_method` would then fail."""
+    if isinstance(context, str):
+        return context
+    if context is not None:
+        return str(context.get_start_method())
+    return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+
+
 def warn_if_too_many_workers(num_workers: int, stacklevel: int = 2) -> None:
     """torch's warning when more workers than usable CPUs are asked for."""
     if not num_workers:
@@ -351,11 +362,8 @@ class DataLoader(Generic[T_co]):
             prepare_forkserver(dataset, self.collate_fn, start=True)  # imports overlap the caller's set-up
 
     def _start_method(self) -> str:
-        """The start method the workers will use, without fixing multiprocessing's default
-        (asking the default context would)."""
-        if self.multiprocessing_context is not None:
-            return str(self.multiprocessing_context.get_start_method())
-        return multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+        """The start method the workers will use."""
+        return start_method_of(self.multiprocessing_context)
 
     # ------------------------------------------------------------- flavour
     @staticmethod

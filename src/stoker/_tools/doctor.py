@@ -31,7 +31,6 @@ import importlib
 import importlib.util
 import json
 import math
-import multiprocessing
 import os
 import random
 import sys
@@ -44,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from .._core import seeding
-from .._core.loader import usable_cpus
+from .._core.loader import start_method_of, usable_cpus
 from .._core.stats import array_bytes
 from .._data.datasets import is_iterable_dataset
 
@@ -179,12 +178,7 @@ class Target:
             return self.loader_class()(self.dataset, **kwargs)
 
     def start_method(self) -> str:
-        context = self.multiprocessing_context
-        if context is None:
-            return multiprocessing.get_start_method()
-        if isinstance(context, str):
-            return context
-        return str(context.get_start_method())
+        return start_method_of(self.multiprocessing_context)
 
 
 def _import(module_part: str) -> Any:
