@@ -184,3 +184,96 @@ def test_torch_flavour_errors_have_torch_types_and_a_path() -> None:
         st.default_collate([object(), object()])
     with pytest.raises(TypeError):
         st.default_collate([np.array(["a"]), np.array(["b"])])
+
+
+# ---------------------------------------------------- the fast paths and their edges
+# Uniform batches are stacked and converted at C speed; every other batch must still get
+# the checking path's result or error, in both flavours and inside an allocator.
+def _in_slot(collate, samples):
+    from stoker._data import collate as _collate
+
+    pool = np.zeros(1 << 16, np.uint8)
+    used = [0]
+
+    def alloc(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        dt = np.dtype(dtype)
+        nbytes = int(np.prod(shape)) * dt.itemsize
+        start = (used[0] + 63) // 64 * 64
+        used[0] = start + nbytes
+        return pool[start : start + nbytes].view(dt).reshape(shape)
+
+    with _collate.allocator(alloc):
+        return collate(samples)
+
+
+EDGE_BATCHES = [
+    [np.zeros((1, 3), np.float32), np.ones((3, 3), np.float32), np.ones((2, 3), np.float32)],  # rows add up
+    [np.zeros(3, np.float32), np.zeros(3, np.float64)],  # dtypes differ
+    [np.zeros(3, ">f4"), np.ones(3, ">f4")],  # non-native byte order
+    [np.array(1.5), np.array(2.5)],  # 0-d arrays
+    [np.zeros(2), np.array(3.0)],  # 0-d among 1-d
+    [np.zeros((0, 2)), np.zeros((0, 2))],  # empty first axis
+    [np.arange(6).reshape(2, 3)[:, ::2], np.arange(4).reshape(2, 2)],  # non-contiguous sample
+]
+
+
+@pytest.mark.parametrize("samples", EDGE_BATCHES, ids=range(len(EDGE_BATCHES)))
+def test_numpy_flavour_edges_match_a_plain_stack(samples) -> None:
+    for collate in (default_collate, lambda s: _in_slot(default_collate, s)):
+        try:
+            expected = np.stack(samples)
+        except ValueError:
+            with pytest.raises(ValueError, match="different shapes"):
+                collate(samples)
+            continue
+        out = collate(samples)
+        same = all(a.dtype == samples[0].dtype for a in samples)
+        dtype = samples[0].dtype if same else np.result_type(*samples)  # byte order kept
+        assert out.dtype == dtype and out.shape == expected.shape
+        np.testing.assert_array_equal(out, expected)
+
+
+@pytest.mark.parametrize(
+    "samples",
+    [
+        *EDGE_BATCHES,
+        [1, 2**40, -3],
+        [True, False, True],
+        [1, True],  # ints and bools: torch's inference decides
+        [1.5, 2.0, -0.0],
+        [1.5, 2],  # a float batch holding an int
+        [{"id": i, "x": np.full(4, i, np.float32)} for i in range(5)],
+        [{"a": 1, "b": 2}, OrderedDict(a=3, b=4)],  # dict and another mapping
+    ],
+    ids=lambda s: repr(s)[:40],
+)
+def test_torch_flavour_edges_equal_torch(samples) -> None:
+    torch, tud, st = _torch_pair()
+    try:
+        expected = tud.default_collate(samples)
+    except Exception as exc:  # torch refuses: so must stoker, with torch's exception type
+        for collate in (st.default_collate, lambda s: _in_slot(st.default_collate, s)):
+            with pytest.raises(type(exc)):
+                collate(samples)
+        return
+    assert _same(st.default_collate(samples), expected)
+    assert _same(_in_slot(st.default_collate, samples), expected)
+
+
+def test_torch_flavour_int_beyond_int64_raises_as_torch() -> None:
+    torch, tud, st = _torch_pair()
+    with pytest.raises((RuntimeError, ValueError, OverflowError)) as theirs:
+        tud.default_collate([1, 2**70])
+    with pytest.raises(type(theirs.value)):
+        st.default_collate([1, 2**70])
+    with pytest.raises(type(theirs.value)):
+        _in_slot(st.default_collate, [1, 2**70])
+
+
+def test_mapping_keys_that_differ_are_named_in_both_flavours() -> None:
+    torch, tud, st = _torch_pair()
+    batch = [{"a": 1, "b": 2}, {"a": 1, "c": 2}]
+    with pytest.raises(ValueError, match="sample 1 has keys"):
+        default_collate(batch)
+    with pytest.raises(KeyError):
+        tud.default_collate(batch)

@@ -46,6 +46,7 @@ import contextlib
 import ctypes
 import io
 import itertools
+import math
 import mmap
 import os
 import pickle
@@ -172,7 +173,7 @@ class _Slot:
         return offset
 
     def view(self, offset: int, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray:
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         return self.array[offset : offset + nbytes].view(dtype).reshape(shape)
 
     def holds(self, array: np.ndarray) -> int | None:
@@ -346,7 +347,7 @@ class SlotWriter:
 
         def alloc(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
             dt = np.dtype(dtype)
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            nbytes = math.prod(shape) * dt.itemsize  # np.prod costs 10 µs
             offset = slot.take(nbytes)
             if offset is None:
                 return np.empty(shape, dt)

@@ -20,6 +20,7 @@ import collections.abc
 import contextlib
 import copy
 import dataclasses
+import operator
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
@@ -96,8 +97,7 @@ def first_mismatch(batch: Sequence[Any], get: Callable[[Any], Any]) -> tuple[int
 
 
 def _check_same_type(batch: Sequence[Any], kind: type | tuple[type, ...], what: str) -> None:
-    first = type(batch[0])
-    if all(type(item) is first for item in batch):
+    if len(set(map(type, batch))) == 1:
         return
     for i, item in enumerate(batch):
         if not isinstance(item, kind):
@@ -142,13 +142,16 @@ def collate_containers(
         _check_same_type(batch, collections.abc.Mapping, "a mapping")
         keys = list(elem)
         elem_keys = elem.keys()
-        for i, d in enumerate(batch):
-            if d.keys() != elem_keys:
-                raise CollateValueError(f"sample 0 has keys {keys} but sample {i} has keys {list(d)}")
+        # dicts compared at C speed: a Python loop over the samples cost more than the copy
+        same = set(map(type, batch)) == {dict} and all(map(elem_keys.__eq__, map(dict.keys, batch)))
+        if not same:
+            for i, d in enumerate(batch):
+                if d.keys() != elem_keys:
+                    raise CollateValueError(f"sample 0 has keys {keys} but sample {i} has keys {list(d)}")
         fields = {}
         for key in keys:
             with at(key):
-                fields[key] = recurse([d[key] for d in batch])
+                fields[key] = recurse(list(map(operator.itemgetter(key), batch)))
         try:
             if isinstance(elem, collections.abc.MutableMapping):
                 mapping = copy.copy(elem)
@@ -204,11 +207,44 @@ def collate_containers(
 
 
 # ------------------------------------------------------------- numpy leaves
+_PLAIN_ARRAYS = {np.ndarray}
+
+
+def stack_uniform(batch: Sequence[Any]) -> np.ndarray | None:
+    """The batch stacked on a new first axis into one allocated output, when every sample
+    is a plain ndarray of sample 0's shape and dtype (the common case); else None, and the
+    caller's checking path decides what to do.
+
+    The checks run at C speed: `np.stack` makes a view per sample and the Python loop
+    that checked each sample cost more than the copy on batches of small arrays.
+    `concatenate` checks every dimension but the first and the dtype (`casting="no"`); the
+    first is checked by `len`, so samples cannot make up each other's lengths.
+    """
+    elem = batch[0]
+    shape = elem.shape
+    if not shape or set(map(type, batch)) != _PLAIN_ARRAYS:
+        return None  # 0-d arrays, subclasses and mixed types take the checking path
+    try:
+        if set(map(len, batch)) != {shape[0]}:
+            return None
+    except TypeError:  # a 0-d array among them
+        return None
+    out = empty((len(batch), *shape), elem.dtype)
+    try:
+        np.concatenate(batch, axis=0, out=out.reshape((len(batch) * shape[0], *shape[1:])), casting="no")
+    except (TypeError, ValueError):  # another dtype or shape: `out` is dropped unread
+        return None
+    return out
+
+
 def stack_arrays(batch: Sequence[np.ndarray]) -> np.ndarray:
     """Stack equal-shape arrays on a new first axis, into one allocated output."""
     elem = batch[0]
     if elem.dtype.hasobject:
         raise CollateTypeError(f"cannot collate numpy arrays of dtype {elem.dtype} (object)")
+    fast = stack_uniform(batch)
+    if fast is not None:
+        return fast
     shape, dtype = elem.shape, elem.dtype
     same_dtype = True
     for i, a in enumerate(batch):

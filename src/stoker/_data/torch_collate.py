@@ -27,6 +27,7 @@ from .collate import (
     empty,
     lookup,
     stack_tensors,
+    stack_uniform,
 )
 
 _STRING_OR_OBJECT = re.compile(r"[SaUO]")
@@ -36,10 +37,33 @@ class CollateRuntimeError(_Located, RuntimeError):
     """Samples do not line up (torch raises RuntimeError here; so do we, with the path)."""
 
 
+def _numpy_equal(batch: Sequence[Any], dtype: Any) -> Any:
+    """The numpy dtype that makes of `batch` exactly the tensor torch makes (`dtype` None:
+    torch's inference), when numpy can, else None. numpy converts a list of Python numbers
+    five times faster than `torch.as_tensor`."""
+    kinds = set(map(type, batch))
+    if len(kinds) != 1:
+        return None
+    kind = kinds.pop()
+    if dtype is None:
+        return {int: np.int64, bool: np.bool_}.get(kind)
+    import torch
+
+    return np.float64 if kind is float and dtype == torch.float64 else None
+
+
 def _tensor_from(batch: Sequence[Any], dtype: Any = None) -> Any:
     """torch.tensor / torch.as_tensor of a list of numbers, placed through the allocator."""
     import torch
 
+    np_dtype = _numpy_equal(batch, dtype)
+    if np_dtype is not None:
+        out = empty((len(batch),), np_dtype)
+        try:
+            out[...] = batch
+            return torch.from_numpy(out)
+        except OverflowError:
+            pass  # an int beyond int64: torch raises its own error below
     values = torch.tensor(batch, dtype=dtype) if dtype is not None else torch.as_tensor(batch)
     if _ALLOC.get() is None:
         return values
@@ -67,6 +91,13 @@ def collate_numpy_array(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | 
         raise CollateTypeError(
             f"batch must contain tensors, numpy arrays, numbers, dicts or lists; found {elem.dtype}"
         )
+    if elem.dtype.isnative:
+        fast = stack_uniform(batch)
+        if fast is not None:
+            try:
+                return torch.from_numpy(fast)
+            except TypeError:
+                pass  # a dtype torch cannot wrap: let torch raise its own error below
     shape, dtype = elem.shape, elem.dtype
     uniform = True
     for i, a in enumerate(batch):
