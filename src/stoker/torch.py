@@ -22,6 +22,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     ) from exc
 
 from ._core import loader as _loader
+from ._core.device import to_device
 from ._core.errors import WorkerDiedError, WorkerError, WorkerRestartWarning
 from ._core.seeding import sample_rng, sample_seed
 from ._core.stats import LoaderStats, WorkerStats
@@ -129,4 +130,5 @@ __all__ = [
     "random_split",
     "sample_rng",
     "sample_seed",
+    "to_device",
 ]

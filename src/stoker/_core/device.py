@@ -1,0 +1,425 @@
+"""Batches copied to the accelerator ahead of the step that uses them: `to_device`.
+
+```
+  loader ──next()──▶ host batch i+depth ──copier.start──▶ copy on the side stream, event
+                                                                       │
+  consumer ◀── device batch i ◀──copier.ready── current stream waits on batch i's event
+                                    (when the consumer asks for i+1: copier.release(i),
+                                     which waits for i's copy, then drops the host batch)
+```
+
+Everything happens synchronously in `__next__`: no thread. When the consumer asks for batch
+i, the previous batch's host memory is let go, copies are started until `depth` batches after
+i are in flight, and batch i is handed over on the consumer's stream. The guarantees:
+
+- batches come out in the loader's order; an exception the loader raises surfaces at the batch
+  where it was raised, after every earlier batch (their copies already in flight) is delivered;
+- a host batch (which may be a view of a shared-memory arena slot that is reused once the
+  batch is garbage-collected) stays referenced until its copy has completed;
+- the consumer's current stream waits for a batch's copy before any work it queues on it, and
+  the device memory of a batch is not reused before the work the consumer queued on it is done;
+- closing the iterator (or dropping it) waits for the copies in flight and lets their host
+  batches go; nothing is left referenced.
+
+The copy itself goes through a `Copier` (start / ready / release), chosen once: `CudaCopier`
+(side stream, events) or `HostCopier` (`.to("cpu")`, no stream), so the ordering and lifetime
+rules here are tested without an accelerator.
+"""
+
+from __future__ import annotations
+
+import copy
+import weakref
+from collections import deque
+from collections.abc import (
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    MutableMapping,
+    MutableSequence,
+    Sequence,
+)
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+H = TypeVar("H")
+
+DEFAULT_DEPTH = 2
+
+
+# ------------------------------------------------------------------------- the tensors
+def map_tensors(batch: Any, fn: Callable[[Any], Any]) -> Any:
+    """`batch` with every torch tensor `t` in it replaced by `fn(t)`; its structure is kept.
+
+    The containers are those of `pin_batch`: mappings and sequences are rebuilt as their own
+    type where it can be (a mutable one is shallow-copied and its items replaced); one that
+    cannot be rebuilt becomes a dict or a list; namedtuples stay namedtuples. Strings, bytes
+    and every other object come back unchanged.
+    """
+    import torch
+
+    return _map(batch, fn, torch.Tensor)
+
+
+def _map(batch: Any, fn: Callable[[Any], Any], tensor: type) -> Any:
+    if isinstance(batch, tensor):
+        return fn(batch)
+    if isinstance(batch, (str, bytes, bytearray)):
+        return batch
+    if isinstance(batch, Mapping):
+        mapped = {key: _map(value, fn, tensor) for key, value in batch.items()}
+        try:
+            if isinstance(batch, MutableMapping):
+                clone = copy.copy(batch)
+                clone.update(mapped)
+                return clone
+            return type(batch)(mapped)  # type: ignore[call-arg]
+        except TypeError:
+            return mapped
+    if isinstance(batch, tuple):
+        items = [_map(item, fn, tensor) for item in batch]
+        if hasattr(batch, "_fields"):  # a namedtuple takes its fields as arguments
+            return type(batch)(*items)
+        try:
+            return type(batch)(items)
+        except TypeError:
+            return tuple(items)
+    if isinstance(batch, Sequence):
+        items = [_map(item, fn, tensor) for item in batch]
+        try:
+            if isinstance(batch, MutableSequence):
+                replaced = copy.copy(batch)
+                for i, item in enumerate(items):
+                    replaced[i] = item
+                return replaced
+            return type(batch)(items)  # type: ignore[call-arg]
+        except TypeError:
+            return items
+    return batch
+
+
+# --------------------------------------------------------------------------- copiers
+class Copier(Protocol[H]):
+    """How one batch reaches the device. The iterator calls, for every batch, `start` once,
+    then `ready` at most once, then `release` exactly once (also for a batch never readied)."""
+
+    def start(self, batch: Any) -> H:
+        """Begin copying `batch` to the device; the handle keeps `batch` referenced."""
+        ...
+
+    def ready(self, handle: H) -> Any:
+        """The device batch, usable on the consumer's current stream from now on."""
+        ...
+
+    def release(self, handle: H) -> None:
+        """Wait until the copy has completed, then drop the host batch (and the device batch,
+        if it was never readied)."""
+        ...
+
+
+@dataclass
+class HostHandle:
+    """A batch moved by `HostCopier`."""
+
+    host: Any
+    moved: Any
+
+
+class HostCopier:
+    """`tensor.to("cpu")` for every tensor: no stream, the copy (if any) done at `start`."""
+
+    def start(self, batch: Any) -> HostHandle:
+        """The batch with its tensors on the CPU."""
+        return HostHandle(batch, map_tensors(batch, lambda t: t.to("cpu")))
+
+    def ready(self, handle: HostHandle) -> Any:
+        """The moved batch."""
+        moved, handle.moved = handle.moved, None
+        return moved
+
+    def release(self, handle: HostHandle) -> None:
+        """Drop the batches."""
+        handle.host = handle.moved = None
+
+
+@dataclass
+class CudaHandle:
+    """A batch whose copy was queued on `CudaCopier`'s side stream, and the event after it."""
+
+    host: Any
+    moved: Any
+    event: Any
+    tensors: list[Any] = field(default_factory=list)
+
+
+class CudaCopier:
+    """Copies on a side stream of `device`, one event per batch (see the module's docstring)."""
+
+    def __init__(self, device: Any) -> None:
+        """`device`: a `torch.device` of type cuda with an index."""
+        import torch
+
+        self._torch = torch
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device)
+
+    def start(self, batch: Any) -> CudaHandle:
+        """Queue the copies of `batch`'s tensors on the side stream and record an event."""
+        torch = self._torch
+        tensors: list[Any] = []
+
+        def move(tensor: Any) -> Any:
+            moved = tensor.to(self.device, non_blocking=True)
+            tensors.append(moved)
+            return moved
+
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            try:
+                moved = map_tensors(batch, move)
+            except BaseException:
+                # copies already queued still read the host batch: let them finish first
+                self.stream.synchronize()
+                raise
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        return CudaHandle(batch, moved, event, tensors)
+
+    def ready(self, handle: CudaHandle) -> Any:
+        """Make the consumer's current stream wait for the copy, and mark the device tensors
+        as used by it, so that their memory is not reused before its work on them is done."""
+        current = self._torch.cuda.current_stream(self.device)
+        current.wait_event(handle.event)
+        for tensor in handle.tensors:
+            tensor.record_stream(current)
+        moved, handle.moved, handle.tensors = handle.moved, None, []
+        return moved
+
+    def release(self, handle: CudaHandle) -> None:
+        """Wait for the copy (at once if it is done), then drop the host batch."""
+        handle.event.synchronize()
+        handle.host = handle.moved = None
+        handle.tensors = []
+
+
+# ------------------------------------------------------------------------- the iterator
+@dataclass
+class _Failed:
+    """The exception the loader raised in place of a batch."""
+
+    error: BaseException
+
+
+class _Pipeline(Generic[H]):
+    """What `DeviceIterator` holds; nothing in it refers to the iterator, so the iterator's
+    finalizer can close it."""
+
+    def __init__(self, source: Iterator[Any], copier: Copier[H], depth: int) -> None:
+        self.source: Iterator[Any] | None = source
+        self.copier = copier
+        self.depth = depth
+        self.pending: deque[H | _Failed] = deque()  # started copies (and a failure) in order
+        self.current: H | None = None  # the batch last handed over: its host batch is kept
+        self.failed = False  # a failure is pending: pull nothing more until it is delivered
+
+    def next(self) -> Any:
+        self._release_current()
+        self._fill(self.depth + 1)
+        if not self.pending:
+            self.close()
+            raise StopIteration
+        entry = self.pending.popleft()
+        if isinstance(entry, _Failed):
+            self.failed = False
+            error = entry.error
+            del entry
+            raise error
+        self.current = entry
+        return self.copier.ready(entry)
+
+    def _fill(self, count: int) -> None:
+        while self.source is not None and not self.failed and len(self.pending) < count:
+            try:
+                batch = next(self.source)
+            except StopIteration:
+                self.source = None
+                return
+            except Exception as error:
+                self.pending.append(_Failed(error))
+                self.failed = True
+                return
+            try:
+                handle = self.copier.start(batch)
+            except Exception as error:
+                self.pending.append(_Failed(error))
+                self.failed = True
+                return
+            finally:
+                del batch
+            self.pending.append(handle)
+
+    def _release_current(self) -> None:
+        current, self.current = self.current, None
+        if current is not None:
+            self.copier.release(current)
+
+    def close(self) -> None:
+        """Wait for every copy in flight, let every host batch go, drop the loader's iterator."""
+        self.source = None
+        self.failed = False
+        try:
+            self._release_current()
+        finally:
+            while self.pending:
+                entry = self.pending.popleft()
+                if not isinstance(entry, _Failed):
+                    self.copier.release(entry)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(not isinstance(entry, _Failed) for entry in self.pending)
+
+
+class DeviceIterator(Generic[H]):
+    """One pass over a loader's batches, each already on the device (see `to_device`)."""
+
+    def __init__(self, source: Iterator[Any], copier: Copier[H], depth: int) -> None:
+        self._pipeline = _Pipeline(source, copier, depth)
+        self._close = weakref.finalize(self, self._pipeline.close)
+
+    def __iter__(self) -> DeviceIterator[H]:
+        return self
+
+    def __next__(self) -> Any:
+        """The next batch on the device; raises what the loader raised at this batch."""
+        return self._pipeline.next()
+
+    @property
+    def in_flight(self) -> int:
+        """Batches whose copies have been started and that have not been handed over."""
+        return self._pipeline.in_flight
+
+    def close(self) -> None:
+        """Wait for the copies in flight and let their host batches go; later `next()` calls
+        end the iteration. Idempotent; also run when the iterator is garbage-collected."""
+        self._close()
+
+
+class DeviceLoader(Generic[H]):
+    """An iterable over `loader`'s batches on a device: every `iter()` is a new pass over
+    `iter(loader)`, copied ahead by `depth` batches. `len()` is the loader's, where it has one."""
+
+    def __init__(
+        self, loader: Iterable[Any], copier: Copier[H], depth: int = DEFAULT_DEPTH
+    ) -> None:
+        self.loader = loader
+        self.copier = copier
+        self.depth = check_depth(depth)
+
+    def __iter__(self) -> DeviceIterator[H]:
+        return DeviceIterator(iter(self.loader), self.copier, self.depth)
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]  # TypeError without one, as len() says
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.loader!r}, {self.copier!r}, depth={self.depth})"
+
+
+# ------------------------------------------------------------------------ arguments
+def check_depth(depth: object) -> int:
+    """`depth` if it is an int >= 1; TypeError or ValueError naming it otherwise."""
+    if isinstance(depth, bool) or not isinstance(depth, int):
+        raise TypeError(
+            f"depth should be an int >= 1 (batches copied ahead of the consumer), "
+            f"got {type(depth).__name__} {depth!r}"
+        )
+    if depth < 1:
+        raise ValueError(
+            f"depth should be an int >= 1 (batches copied ahead of the consumer), got {depth}"
+        )
+    return depth
+
+
+def resolve_device(device: object) -> Any:
+    """`device` as a `torch.device` with an index for CUDA; raises TypeError for a value that
+    is not a device, and ValueError for a device other than cpu or cuda, or a CUDA device that
+    does not exist here (saying which devices do)."""
+    import torch
+
+    if isinstance(device, bool) or not isinstance(device, (torch.device, str, int)):
+        raise TypeError(
+            f"device should be a torch.device, a string such as 'cuda:0' or 'cpu', or a CUDA "
+            f"device index, got {type(device).__name__} {device!r}"
+        )
+    if isinstance(device, int):
+        if device < 0:
+            raise ValueError(f"device should be a CUDA device index >= 0, got {device}")
+        device = f"cuda:{device}"
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise ValueError(f"device {device!r} is not a device torch knows: {exc}") from None
+    if resolved.type == "cpu":
+        return torch.device("cpu")
+    if resolved.type != "cuda":
+        raise ValueError(
+            f"device {str(resolved)!r} is not supported by to_device: it copies to 'cpu' or to "
+            f"a CUDA device ('cuda', 'cuda:N' or N)"
+        )
+    if not torch.cuda.is_available():
+        built = torch.version.cuda
+        why = (
+            f"torch {torch.__version__} was built without CUDA"
+            if built is None
+            else f"torch {torch.__version__} (CUDA {built}) finds no usable GPU"
+        )
+        raise ValueError(
+            f"device {str(resolved)!r} does not exist: CUDA is not available here ({why}); "
+            f"the only device is 'cpu'"
+        )
+    count = torch.cuda.device_count()
+    index = torch.cuda.current_device() if resolved.index is None else resolved.index
+    if index >= count:
+        existing = ", ".join(f"'cuda:{i}'" for i in range(count))
+        raise ValueError(
+            f"device {str(resolved)!r} does not exist: this machine has {count} CUDA "
+            f"device{'s' if count != 1 else ''} ({existing}) and 'cpu'"
+        )
+    return torch.device("cuda", index)
+
+
+def to_device(
+    loader: Iterable[Any], device: Any, *, depth: int = DEFAULT_DEPTH
+) -> DeviceLoader[Any]:
+    """An iterable over `loader`'s batches with every tensor in them already on `device`.
+
+    While the consumer works on batch i, the host-to-device copies of batches i+1..i+depth are
+    under way on a side stream of their own. Each batch is handed over on the consumer's
+    current stream: that stream waits for the batch's copy before any work queued on it later,
+    and the batch's device memory is not reused before that work is done. Each host batch is
+    kept referenced until its copy has completed (so a batch in a reused shared-memory slot
+    stays valid), and let go when the consumer asks for the next batch.
+
+    Tensors are found inside dicts, lists, tuples, namedtuples and other mappings and
+    sequences, whose structure is kept; everything else passes through unchanged. Copies from
+    pinned memory (`pin_memory=True`) are asynchronous; others are still correct, only slower.
+
+    Memory: up to depth+1 batches are on the device at once (the one handed over and the
+    `depth` copied ahead), plus any earlier batch the consumer still holds; and depth+1 host
+    batches stay referenced, which a loader's prefetching does not count.
+
+    `loader`: any iterable of batches (a stoker or torch DataLoader, a list); every `iter()`
+    over the result is a new pass over `iter(loader)`, and `len()` is the loader's. `device`:
+    a `torch.device`, a string ('cuda', 'cuda:1', 'cpu') or a CUDA device index; 'cpu' moves
+    tensors with `.to("cpu")` and no stream. `depth`: batches copied ahead, an int >= 1.
+
+    Breaking out of the loop is safe: closing or dropping the iterator waits for the copies in
+    flight and lets their batches go. An exception the loader raises surfaces at the batch
+    where it was raised, after the earlier batches. Raises TypeError or ValueError (naming the
+    argument) for a bad `depth` or `device`, ValueError for a CUDA device that does not exist.
+    """
+    depth = check_depth(depth)
+    resolved = resolve_device(device)
+    copier: Copier[Any] = HostCopier() if resolved.type == "cpu" else CudaCopier(resolved)
+    return DeviceLoader(loader, copier, depth)
