@@ -28,7 +28,9 @@ def _parser() -> argparse.ArgumentParser:
         "records the ones it saw in the report.",
     )
     bench.add_argument("--workloads", type=_csv, default=",".join(WORKLOADS), help="comma-separated, e.g. W1,W2")
-    bench.add_argument("--workers", type=_csv, default="0,1,2", help="comma-separated numbers of workers")
+    bench.add_argument(
+        "--workers", type=_csv, default=None, help="comma-separated numbers of workers (default 0,1,2; with --gpu 4,8,14)"
+    )
     bench.add_argument("--reps", type=int, default=3, help="repetitions per configuration (interleaved)")
     bench.add_argument("--quick", action="store_true", help="small sizes and one repetition: a smoke test")
     bench.add_argument(
@@ -37,6 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", default=None, help="where to write all measurements (default: OUT_DIR/bench.json)")
     bench.add_argument("--png", default=None, help="where to write the chart (default: OUT_DIR/bench.png)")
     bench.add_argument("--no-torch", action="store_true", help="skip stoker.torch and torch.utils.data")
+    bench.add_argument(
+        "--gpu",
+        action="store_true",
+        help="instead of W1-W8: W7's pipeline end to end into a fixed CUDA step, with and without "
+        "stoker.torch.to_device (JSON default: OUT_DIR/gpubench.json); skips, exit 0, without a GPU",
+    )
     doctor = commands.add_parser(
         "doctor",
         help="is the loader the bottleneck? measure a dataset or DataLoader and recommend a setting",
@@ -122,7 +130,9 @@ def _bench(args: argparse.Namespace) -> int:
     if unknown:
         print(f"stoker bench: unknown workloads {unknown}; choose from W1..W8", file=sys.stderr)
         return 2
-    raw_workers = args.workers if isinstance(args.workers, list) else _csv(args.workers)
+    default_workers = args.workers is None  # --gpu has a default of its own
+    raw_workers = _csv("0,1,2") if default_workers else args.workers
+    raw_workers = raw_workers if isinstance(raw_workers, list) else _csv(raw_workers)
     try:
         workers = [int(w) for w in raw_workers]
     except ValueError:
@@ -134,6 +144,14 @@ def _bench(args: argparse.Namespace) -> int:
     if args.reps < 1:
         print(f"stoker bench: --reps takes a number >= 1, got {args.reps}", file=sys.stderr)
         return 2
+    if args.gpu:
+        from . import gpubench
+
+        if args.no_torch:
+            print("stoker bench: --gpu runs stoker.torch and torch.utils.data: it cannot take --no-torch", file=sys.stderr)
+            return 2
+        gpu_json = args.json or os.path.join(args.out_dir, "gpubench.json")
+        return gpubench.main(None if default_workers else workers, args.reps, quick=args.quick, json_path=gpu_json)
     with_torch = not args.no_torch and importlib.util.find_spec("torch") is not None
     if "W7" in workloads and not with_torch:
         print("stoker bench: W7 needs torch (it runs stoker.torch and torch.utils.data): skipped", file=sys.stderr)

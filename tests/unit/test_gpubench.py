@@ -1,0 +1,63 @@
+"""`stoker bench --gpu`: the skip line without a GPU, and its measuring code run on the CPU
+with tiny sizes (the only way to run it where no GPU is)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+
+from stoker._tools import gpubench
+from stoker._tools.cli import main
+
+
+def test_gpu_quick_skips_without_a_gpu(tmp_path, capsys) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present: the skip path does not run here")
+    code = main(["bench", "--gpu", "--quick", "--out-dir", str(tmp_path)])
+    assert code == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("stoker bench --gpu: skipped: no CUDA GPU")
+    assert "torch.cuda.is_available() is False" in lines[0]
+    assert not (tmp_path / "gpubench.json").exists()
+
+
+def test_gpu_refuses_no_torch(capsys) -> None:
+    assert main(["bench", "--gpu", "--no-torch"]) == 2
+    assert "--no-torch" in capsys.readouterr().err
+
+
+def test_gpu_bad_workers_are_refused(capsys) -> None:
+    assert main(["bench", "--gpu", "--workers", "x"]) == 2
+    assert "--workers takes integers" in capsys.readouterr().err
+
+
+def test_measuring_code_on_the_cpu(tmp_path) -> None:
+    pytest.importorskip("torch")
+    plan = gpubench.Plan(
+        workers=(0,), reps=2, batch_size=4, warm=1, measured=2, sources=8,
+        head_width=16, head_repeats=2, pins=(False,), device="cpu",
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = gpubench.run(plan)
+    assert len(report["ceiling"]["images_per_s"]) == 2 and report["ceiling"]["median"] > 0
+    rows = {(r["loader"], r["workers"], r["pin_memory"], r["to_device"]) for r in report["results"]}
+    assert rows == {(loader, 0, False, wrap) for loader in gpubench.LOADERS for wrap in (False, True)}
+    for row in report["results"]:
+        assert len(row["images_per_s"]) == 2
+        assert row["min"] <= row["median"] <= row["max"] and row["feed_ratio"] > 0
+    text = gpubench.table(report)
+    assert "ceiling" in text and "stoker.torch" in text and "feed" in text
+    path = tmp_path / "sub" / "g.json"
+    gpubench.save_json(report, str(path))
+    assert json.loads(path.read_text())["plan"]["device"] == "cpu"
+
+
+def test_configurations_cover_the_matrix() -> None:
+    configs = gpubench.configurations(gpubench.Plan())
+    assert len(configs) == 3 * 2 * 2 * 2
+    assert {c[0] for c in configs} == {4, 8, 14}
