@@ -318,3 +318,117 @@ def test_over_a_stoker_loader_with_workers() -> None:
     assert len(got) == len(want) == 10
     for g, w in zip(got, want):
         assert torch.equal(g["x"], w["x"]) and torch.equal(g["i"], w["i"]) and g["name"] == w["name"]
+
+
+# ------------------------------------------- the CUDA copier's calls, against fakes
+class FakeCuda:
+    """Stands in for `torch.cuda`: records what CudaCopier asks of streams and events."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[Any, ...]] = []
+        self.in_side_stream = False
+        fake = self
+
+        class Stream:
+            def __init__(self, name: str) -> None:
+                self.name = name
+
+            def wait_event(self, event: Any) -> None:
+                fake.log.append(("wait_event", self.name, event.id))
+
+            def synchronize(self) -> None:
+                fake.log.append(("stream_synchronize", self.name))
+
+        class Event:
+            count = 0
+
+            def __init__(self) -> None:
+                Event.count += 1
+                self.id = Event.count
+
+            def record(self, stream: Any) -> None:
+                fake.log.append(("record", stream.name, self.id))
+
+            def synchronize(self) -> None:
+                fake.log.append(("event_synchronize", self.id))
+
+        class Context:
+            def __init__(self, on_enter: Any, on_exit: Any) -> None:
+                self.on_enter, self.on_exit = on_enter, on_exit
+
+            def __enter__(self) -> None:
+                self.on_enter()
+
+            def __exit__(self, *exc: Any) -> None:
+                self.on_exit()
+
+        self.Event = Event
+        self.side = Stream("side")
+        self.consumer = Stream("consumer")
+        self.device = lambda device: Context(lambda: None, lambda: None)
+
+        def enter() -> None:
+            fake.in_side_stream = True
+
+        def leave() -> None:
+            fake.in_side_stream = False
+
+        self.stream = lambda stream: Context(enter, leave)
+        self.current_stream = lambda device=None: self.consumer
+
+
+class Moving(torch.Tensor):
+    """A CPU tensor whose `.to()` and `record_stream()` report to a FakeCuda."""
+
+    cuda: FakeCuda
+
+    def to(self, *args: Any, **kwargs: Any) -> Any:
+        Moving.cuda.log.append(("to", kwargs.get("non_blocking"), Moving.cuda.in_side_stream))
+        return self
+
+    def record_stream(self, stream: Any) -> None:
+        Moving.cuda.log.append(("record_stream", stream.name))
+
+
+def test_cuda_copier_calls_in_order() -> None:
+    from types import SimpleNamespace
+
+    from stoker._core.device import CudaCopier
+
+    cuda = FakeCuda()
+    Moving.cuda = cuda
+    copier = CudaCopier.__new__(CudaCopier)
+    copier._torch = SimpleNamespace(cuda=cuda)
+    copier.device = "cuda:0"
+    copier.stream = cuda.side
+    batch = {"x": torch.ones(2).as_subclass(Moving), "y": [torch.zeros(1).as_subclass(Moving), "s"]}
+    handle = copier.start(batch)
+    assert cuda.log == [("to", True, True), ("to", True, True), ("record", "side", handle.event.id)]
+    cuda.log.clear()
+    moved = copier.ready(handle)
+    assert moved["y"][1] == "s" and handle.moved is None and handle.host is batch
+    assert cuda.log == [("wait_event", "consumer", handle.event.id)] + [("record_stream", "consumer")] * 2
+    cuda.log.clear()
+    copier.release(handle)
+    assert cuda.log == [("event_synchronize", handle.event.id)] and handle.host is None
+
+
+def test_cuda_copier_waits_for_queued_copies_when_a_copy_fails() -> None:
+    from types import SimpleNamespace
+
+    from stoker._core.device import CudaCopier
+
+    cuda = FakeCuda()
+    Moving.cuda = cuda
+
+    class Failing(Moving):
+        def to(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("CUDA out of memory")
+
+    copier = CudaCopier.__new__(CudaCopier)
+    copier._torch = SimpleNamespace(cuda=cuda)
+    copier.device = "cuda:0"
+    copier.stream = cuda.side
+    with pytest.raises(RuntimeError, match="out of memory"):
+        copier.start([torch.ones(1).as_subclass(Moving), torch.ones(1).as_subclass(Failing)])
+    assert cuda.log == [("to", True, True), ("stream_synchronize", "side")]

@@ -233,7 +233,10 @@ class _Pipeline(Generic[H]):
             self.failed = False
             error = entry.error
             del entry
-            raise error
+            try:
+                raise error
+            finally:
+                del error  # no cycle through this frame back to the exception
         self.current = entry
         return self.copier.ready(entry)
 
