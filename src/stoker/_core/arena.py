@@ -58,12 +58,11 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from .protocol import Compact, Done, Reply, Request, Task
+from .protocol import Done, Reply, Request, Task
 from .transport import recv_out_of_band
 
 ALIGN = 64
@@ -102,8 +101,18 @@ def fd_budget() -> int:
 
 
 # ------------------------------------------------------------------ wire records
-@dataclass(frozen=True)
-class SlotOrder(Compact):
+# Records cross the socket as plain tuples, which pickle at C speed (a dataclass costs
+# ~8 µs each way per batch): a task as (task_id, index, epoch, batch, SlotOrder fields);
+# a reply's header as one of
+#   (SLOT, task_id, leaves, new, retired, work)   the batch's arrays lie in slots
+#   (OUT_OF_BAND, task_id, sizes, work)           arrays follow as out-of-band frames
+#   (PLAIN,)                                      Failed / Exhausted, pickled whole
+# and a leaf (one array of the batch) as
+#   (slot id, offset, dtype str, shape, nbytes, as_tensor: rebuilt as a torch tensor)
+SLOT, OUT_OF_BAND, PLAIN = 0, 1, 2
+
+
+class SlotOrder(NamedTuple):
     """Where a worker collates one task's batch (`Task.slot`)."""
 
     use: int | None  # a slot of the worker's pool to collate into, or None
@@ -115,41 +124,14 @@ class SlotOrder(Compact):
     drop: tuple[int, ...] = ()  # slots this process maps that another worker retired: unmap them
 
 
-@dataclass(frozen=True)
-class Leaf(Compact):
-    """Where one array leaf of a batch lies."""
-
-    slot_id: int
-    offset: int
-    dtype: str
-    shape: tuple[int, ...]
-    nbytes: int
-    torch: bool  # rebuilt as a torch tensor (else a numpy array)
-
-
-@dataclass(frozen=True)
-class SlotHeader(Compact):
+class SlotHeader(NamedTuple):
     """A batch whose array leaves lie in slots; the pickled body follows, then new slots' fds."""
 
     task_id: int
-    leaves: tuple[Leaf, ...]
+    leaves: tuple[tuple[Any, ...], ...]  # (slot id, offset, dtype, shape, nbytes, as_tensor) each
     new: tuple[tuple[int, int], ...]  # (slot id, size) of slots made for this batch
     retired: tuple[int, ...]  # slots the worker dropped (outgrown)
     work: Any = None  # the Done's timing (see stats)
-
-
-@dataclass(frozen=True)
-class OutOfBandHeader(Compact):
-    """A batch pickled with out-of-band buffers of these sizes (no slot could be had)."""
-
-    task_id: int
-    sizes: tuple[int, ...]
-    work: Any = None  # the Done's timing (see stats)
-
-
-@dataclass(frozen=True)
-class PlainHeader(Compact):
-    """A reply that carries no batch (Failed, Exhausted), pickled whole in the next frame."""
 
 
 # ------------------------------------------------------------------ memory
@@ -312,20 +294,22 @@ class SlotWriter:
     # requests ------------------------------------------------------------------
     def recv_request(self, conn: Any) -> Request:
         message = pickle.loads(conn.recv_bytes())
-        if isinstance(message, Task) and isinstance(message.slot, SlotOrder):
-            for slot_id in message.slot.drop:
-                dropped = self.slots.get(slot_id)
-                if dropped is not None:
-                    self._retire(dropped)
-        if isinstance(message, Task) and isinstance(message.slot, SlotOrder) and message.slot.attach:
-            order = message.slot
+        if type(message) is not tuple:  # Reset, Stop
+            return message
+        task_id, index, epoch, batch, fields = message
+        order = SlotOrder(*fields)
+        for slot_id in order.drop:
+            dropped = self.slots.get(slot_id)
+            if dropped is not None:
+                self._retire(dropped)
+        if order.attach:
             assert order.use is not None, "a slot to attach is a slot to use"
             (fd,) = _recv_fds(conn, 1)
             try:
                 self.slots[order.use] = _Slot(order.use, map_fd(fd, order.size, populate=True), order.size)
             finally:
                 os.close(fd)
-        return message
+        return Task(task_id, index, epoch, batch, order)
 
     @contextlib.contextmanager
     def collating_into(self, order: SlotOrder | None) -> Iterator[None]:
@@ -376,19 +360,19 @@ class SlotWriter:
         self.current, self._order, self._made = None, None, None
         if not isinstance(reply, Done):
             self._discard(made)
-            return PlainHeader(), [pickle.dumps(reply, protocol=5)], []
+            return (PLAIN,), [pickle.dumps(reply, protocol=5)], []
         leaves: list[tuple[np.ndarray, bool]] = []
         stream = io.BytesIO()
         _LeafPickler(stream, leaves).dump(reply.payload)
         body = stream.getvalue()
         if not leaves:
             self._discard(made)
-            return SlotHeader(reply.task_id, (), (), (), reply.work), [body], []
+            return (SLOT, reply.task_id, (), (), (), reply.work), [body], []
         placed = self._place(leaves, slot, order, made)
         if placed is None:  # no slot to be had: arrays go out of band
             return self._out_of_band(reply)
         table, new, retired, fds = placed
-        return SlotHeader(reply.task_id, table, new, retired, reply.work), [body], fds
+        return (SLOT, reply.task_id, table, new, retired, reply.work), [body], fds
 
     def _place(
         self,
@@ -396,12 +380,12 @@ class SlotWriter:
         slot: _Slot | None,
         order: SlotOrder | None,
         made: tuple[_Slot, int] | None,
-    ) -> tuple[tuple[Leaf, ...], tuple[tuple[int, int], ...], tuple[int, ...], list[int]] | None:
+    ) -> tuple[tuple[tuple[Any, ...], ...], tuple[tuple[int, int], ...], tuple[int, ...], list[int]] | None:
         if slot is not None:
             offsets = [slot.holds(a) for a, _ in leaves]
             if all(o is not None for o in offsets):
                 table = tuple(
-                    Leaf(slot.slot_id, offset, a.dtype.str, a.shape, a.nbytes, torch)  # type: ignore[arg-type]
+                    (slot.slot_id, offset, a.dtype.str, a.shape, a.nbytes, torch)
                     for (a, torch), offset in zip(leaves, offsets)
                 )
                 if made is not None:
@@ -428,12 +412,12 @@ class SlotWriter:
             fds.append(made[1])
         staged = [np.array(a, copy=True) if target is slot else a for a, _ in leaves]
         target.used = 0
-        placed: list[Leaf] = []
+        placed: list[tuple[Any, ...]] = []
         for (array, torch), source in zip(leaves, staged):
             offset = target.take(array.nbytes)
             assert offset is not None
             np.copyto(target.view(offset, array.dtype, array.shape), source, casting="no")
-            placed.append(Leaf(target.slot_id, offset, array.dtype.str, array.shape, array.nbytes, torch))
+            placed.append((target.slot_id, offset, array.dtype.str, array.shape, array.nbytes, torch))
         retired: tuple[int, ...] = ()
         if given is not None and target is not given:
             self._retire(given)
@@ -468,7 +452,7 @@ class SlotWriter:
         buffers: list[pickle.PickleBuffer] = []
         body = pickle.dumps(reply.payload, protocol=5, buffer_callback=buffers.append)
         views = [b.raw() for b in buffers]
-        return OutOfBandHeader(reply.task_id, tuple(v.nbytes for v in views), reply.work), [body, *views], []
+        return (OUT_OF_BAND, reply.task_id, tuple(v.nbytes for v in views), reply.work), [body, *views], []
 
     def around_fetch(self, task: Task) -> contextlib.AbstractContextManager[None]:
         return self.collating_into(task.slot)
@@ -486,7 +470,9 @@ class WorkerPool:
         self.sizes: dict[int, int] = {}
         self.fds: dict[int, int] = {}  # slots that can be handed to a process that lacks them
         self.free: list[int] = []
-        self.released: deque[int] = deque()  # filled by finalizers, from any thread
+        self.released: deque[int] = deque()  # filled by `_Return`, from any thread
+        self.leases: dict[int, weakref.ref[np.ndarray]] = {}  # slot id -> its batch's owner array
+        self._returns: dict[int, _Return] = {}
         self.peak_need = 0  # bytes the largest batch so far occupied
 
     def take_free(self, mapped: set[int]) -> int | None:
@@ -495,15 +481,51 @@ class WorkerPool:
             slot_id = self.released.popleft()
             if slot_id in self.maps:
                 self.free.append(slot_id)
-        usable = [i for i in range(len(self.free)) if self.free[i] in mapped or self.free[i] in self.fds]
-        if not usable:
-            return None
-        best = max(usable, key=lambda i: (self.free[i] in mapped, self.sizes[self.free[i]]))
-        return self.free.pop(best)
+        best, best_key = -1, (False, -1)
+        for i, slot_id in enumerate(self.free):
+            held = slot_id in mapped
+            if held or slot_id in self.fds:
+                key = (held, self.sizes[slot_id])
+                if key > best_key:
+                    best, best_key = i, key
+        return None if best < 0 else self.free.pop(best)
+
+    def lease(self, slot_id: int) -> np.ndarray:
+        """The array every view of the slot's batch derives from; when the last of them is
+        garbage-collected, the slot goes back to the free list."""
+        owner = np.frombuffer(self.maps[slot_id], dtype=np.uint8)
+        back = self._returns.get(slot_id)
+        if back is None:
+            back = self._returns[slot_id] = _Return(slot_id, self.released)
+        # a weakref with a callback costs half a weakref.finalize; it lives until the
+        # slot's next lease replaces it, which cannot happen before the callback ran
+        self.leases[slot_id] = weakref.ref(owner, back)
+        return owner
+
+    def forget(self, slot_id: int) -> int | None:
+        """Drop a retired slot (unmapped once its last view is gone); its fd, if kept."""
+        self.maps.pop(slot_id, None)
+        self.sizes.pop(slot_id, 0)
+        self.leases.pop(slot_id, None)
+        self._returns.pop(slot_id, None)
+        return self.fds.pop(slot_id, None)
 
     @property
     def bytes(self) -> int:
         return sum(self.sizes.values())
+
+
+class _Return:
+    """A lease's callback: puts its slot on the released queue."""
+
+    __slots__ = ("released", "slot_id")
+
+    def __init__(self, slot_id: int, released: deque[int]) -> None:
+        self.slot_id = slot_id
+        self.released = released
+
+    def __call__(self, _: object) -> None:
+        self.released.append(self.slot_id)
 
 
 class Arena:
@@ -557,34 +579,36 @@ class Arena:
 
     def receive(self, worker_id: int, conn: Any) -> tuple[Reply, SlotHeader | None]:
         """Read one reply of worker `worker_id`; the slot header when it carried one."""
-        header, body = pickle.loads(conn.recv_bytes())
-        if isinstance(header, PlainHeader):
+        fields, body = pickle.loads(conn.recv_bytes())
+        kind = fields[0] if type(fields) is tuple and fields else None
+        if kind == PLAIN:
             return pickle.loads(body), None
-        if isinstance(header, OutOfBandHeader):
+        if kind == OUT_OF_BAND:
+            _, task_id, sizes, work = fields
             self._warn_fallback()
-            return Done(header.task_id, recv_out_of_band(conn, list(header.sizes), body), header.work), None
-        if not isinstance(header, SlotHeader):
-            raise pickle.UnpicklingError(f"unexpected reply header {type(header).__name__}")
+            return Done(task_id, recv_out_of_band(conn, list(sizes), body), work), None
+        if kind != SLOT:
+            raise pickle.UnpicklingError(f"unexpected reply header {fields!r:.80}")
+        header = SlotHeader(*fields[1:])
         pool = self.pool(worker_id)
         if header.new:
             fds = _recv_fds(conn, len(header.new))
             with self._lock:
                 for (slot_id, size), fd in zip(header.new, fds):
                     self._adopt(pool, slot_id, size, fd)
+            self._check_held(pool)  # the arena grows only here
         if header.retired:
             with self._lock:
                 for slot_id in header.retired:
-                    pool.maps.pop(slot_id, None)
-                    pool.sizes.pop(slot_id, 0)
-                    retired_fd = pool.fds.pop(slot_id, None)
+                    retired_fd = pool.forget(slot_id)
                     if retired_fd is not None:
                         os.close(retired_fd)
-        if header.leaves:
-            pool.peak_need = max(pool.peak_need, max(leaf.offset + leaf.nbytes for leaf in header.leaves))
-        owners = {slot_id: self._lease(pool, slot_id) for slot_id in {leaf.slot_id for leaf in header.leaves}}
-        views = [_view(owners[leaf.slot_id], leaf) for leaf in header.leaves]
+        views = []
+        if header.leaves:  # each (slot id, offset, dtype, shape, nbytes, as_tensor)
+            pool.peak_need = max(pool.peak_need, max(leaf[1] + leaf[4] for leaf in header.leaves))
+            owners = {slot_id: pool.lease(slot_id) for slot_id in {leaf[0] for leaf in header.leaves}}
+            views = [_view(owners[leaf[0]], *leaf[1:]) for leaf in header.leaves]
         payload = _LeafUnpickler(io.BytesIO(body), views).load()
-        self._check_held(pool)
         return Done(header.task_id, payload, header.work), header
 
     def _adopt(self, pool: WorkerPool, slot_id: int, size: int, fd: int) -> None:
@@ -599,12 +623,6 @@ class Arena:
             pool.fds[slot_id] = fd
         else:
             os.close(fd)
-
-    @staticmethod
-    def _lease(pool: WorkerPool, slot_id: int) -> np.ndarray:
-        owner = np.frombuffer(pool.maps[slot_id], dtype=np.uint8)
-        weakref.finalize(owner, pool.released.append, slot_id)
-        return owner
 
     def _warn_fallback(self) -> None:
         if not self._warned_fallback:
@@ -644,10 +662,10 @@ def _close_fds(pools: dict[int, WorkerPool]) -> None:
             os.close(fd)
 
 
-def _view(owner: np.ndarray, leaf: Leaf) -> Any:
-    array = owner[leaf.offset : leaf.offset + leaf.nbytes].view(leaf.dtype).reshape(leaf.shape)
-    if leaf.torch:
-        import torch
+def _view(owner: np.ndarray, offset: int, dtype: str, shape: tuple[int, ...], nbytes: int, as_tensor: bool) -> Any:
+    array = owner[offset : offset + nbytes].view(dtype).reshape(shape)
+    if as_tensor:
+        import torch  # a worker made a tensor; this process may not have imported torch yet
 
         return torch.from_numpy(array)
     return array
@@ -675,7 +693,8 @@ class ArenaLink:
         drop.clear()
         if order.use is not None:
             self._assigned[message.task_id] = (worker_id, order.use)
-        conn.send_bytes(pickle.dumps(Task(message.task_id, message.index, message.epoch, message.batch, order), protocol=5))
+        wire = (message.task_id, message.index, message.epoch, message.batch, tuple(order))
+        conn.send_bytes(pickle.dumps(wire, protocol=5))
         if order.attach:
             assert order.use is not None
             _send_fds(conn, [self.arena.fd_of(worker_id, order.use)])
@@ -693,7 +712,7 @@ class ArenaLink:
                 for slot_id in theirs.intersection(header.retired):
                     theirs.discard(slot_id)
                     self._drop[other].append(slot_id)
-            used = {leaf.slot_id for leaf in header.leaves} | set(header.retired)
+            used = {leaf[0] for leaf in header.leaves} | set(header.retired)
         if given is not None and given not in used:
             self.arena.release(worker_id, given)
         return reply
