@@ -114,3 +114,71 @@ def test_prepare_forkserver_adds_the_dataset_and_collate_modules_once(monkeypatc
     prepare_forkserver(data, stoker.torch.default_collate)  # the torch flavour's collate brings torch
     assert fresh._preload_modules[-1] == stoker.torch.default_collate.__module__
     assert fresh._forkserver_pid is None  # start=False starts nothing
+
+
+MIXED = """
+import sys
+import numpy as np
+import stoker
+
+class Mixed(stoker.Dataset):
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        return {
+            "image": np.full((2, 3), i, np.uint8), "label": i, "weight": i / 2, "flag": i % 2 == 0,
+            "score": np.float32(i), "name": f"s{i}", "pair": (i, np.arange(2) + i),
+            "torch_loaded": "torch" in sys.modules,  # in this worker, when the sample was made
+        }
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forkserver is a POSIX start method")
+@pytest.mark.parametrize(
+    "env", [{}, {"STOKER_ARENA_MAX_BYTES": "1"}, {"STOKER_TRANSPORT": "pickle"}], ids=["arena", "no-slot", "pickle"]
+)
+def test_stoker_torch_workers_collate_without_importing_torch(tmp_path: Path, env: dict, monkeypatch) -> None:
+    """A spawn/forkserver worker of stoker.torch whose dataset never imports torch does not
+    import it to collate (seconds of start-up); the main process makes the tensors, equal
+    in type, dtype and value to torch.utils.data's, whichever way the batch travels."""
+    pytest.importorskip("torch")
+    (tmp_path / "mixed.py").write_text(MIXED)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    report = run_fresh(
+        """
+        import json, warnings
+        import torch
+        import torch.utils.data as tud
+        import stoker.torch as st
+        from mixed import Mixed
+
+        def same(a, b):
+            if type(a) is not type(b):
+                return False
+            if isinstance(a, torch.Tensor):
+                return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+            if isinstance(a, dict):
+                return list(a) == list(b) and all(same(a[k], b[k]) for k in a if k != "torch_loaded")
+            if isinstance(a, (list, tuple)):
+                return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+            return a == b
+
+        if __name__ == "__main__":
+            warnings.simplefilter("ignore")  # the no-slot case warns once that it pickles
+            want = list(tud.DataLoader(Mixed(), batch_size=4))
+            out = {}
+            for method in ("spawn", "forkserver"):
+                got = list(st.DataLoader(Mixed(), batch_size=4, num_workers=2, multiprocessing_context=method))
+                out[method] = {
+                    "same": len(got) == len(want) and all(same(g, w) for g, w in zip(got, want)),
+                    "torch_in_workers": [bool(b["torch_loaded"].any()) for b in got],
+                }
+            print(json.dumps(out))
+        """,
+        tmp_path,
+    )
+    for method in ("spawn", "forkserver"):
+        assert report[method]["same"], report
+        assert report[method]["torch_in_workers"] == [False] * 6, report

@@ -277,3 +277,32 @@ def test_mapping_keys_that_differ_are_named_in_both_flavours() -> None:
         default_collate(batch)
     with pytest.raises(KeyError):
         tud.default_collate(batch)
+
+
+def test_a_deferred_leaf_travels_as_a_tensor() -> None:
+    """A worker that defers tensors hands the main process `TensorLeaf` arrays: the arena
+    flags them as tensors, and pickled (no slot, or the pickle transport) they rebuild as
+    tensors."""
+    import pickle
+
+    torch = pytest.importorskip("torch")
+    from stoker._core.arena import _as_array
+    from stoker._data.torch_collate import TensorLeaf
+
+    leaf = np.arange(6, dtype=np.int16).reshape(2, 3).view(TensorLeaf)
+    found = _as_array(leaf)
+    assert found is not None and found[1] is True
+    for protocol in (2, 5):
+        back = pickle.loads(pickle.dumps({"x": leaf}, protocol=protocol))["x"]
+        assert type(back) is torch.Tensor and back.dtype == torch.int16 and back.tolist() == leaf.tolist()
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64, np.float16, np.float32, np.float64, np.complex64],
+)
+def test_numpy_scalars_collate_as_torch_does(kind) -> None:
+    torch, tud, st = _torch_pair()
+    samples = [kind(1), kind(0), kind(1)]
+    assert _same(st.default_collate(samples), tud.default_collate(samples))
+    assert _same(_in_slot(st.default_collate, samples), tud.default_collate(samples))

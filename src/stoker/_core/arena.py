@@ -62,6 +62,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .._data.torch_collate import TensorLeaf
 from .protocol import Done, Reply, Request, Task
 from .transport import recv_out_of_band
 
@@ -222,11 +223,14 @@ def _create_slot_memory(size: int) -> tuple[int, Any]:
 
 
 def _as_array(obj: Any) -> tuple[np.ndarray, bool] | None:
-    """An array leaf that can live in a slot, and whether it is a torch tensor."""
-    if type(obj) is np.ndarray:
+    """An array leaf that can live in a slot, and whether it is (to be) a torch tensor."""
+    kind = type(obj)
+    if kind is np.ndarray:
         if obj.dtype.hasobject:
             return None
         return obj, False
+    if kind is TensorLeaf:  # made by a worker that defers tensors: always a plain dtype
+        return obj, True
     torch = sys.modules.get("torch")
     if torch is not None and type(obj) is torch.Tensor:
         if obj.device.type != "cpu" or obj.layout is not torch.strided or obj.requires_grad:

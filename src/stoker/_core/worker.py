@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from .._data.torch_collate import defer_tensors
 from .errors import ExceptionInfo, describe_index
 from .fetch import EndOfStream, IterableFetcher, MapFetcher, make_fetcher
 from .parent import ParentWatch
@@ -220,6 +221,7 @@ def process_main(
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     limit_worker_pools()
+    defer_tensors()  # stoker.torch's collate: no torch import here unless the dataset needs it
     dataset, collate_fn, worker_init_fn = heavy
     config = replace(config, dataset=dataset, collate_fn=collate_fn, worker_init_fn=worker_init_fn)
     del heavy

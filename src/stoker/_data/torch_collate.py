@@ -5,6 +5,13 @@ strings stay lists; mappings, namedtuples and sequences recurse. The exception t
 torch's (TypeError for unsupported types, RuntimeError for ragged samples) and the
 message also names the path inside the sample. Stacked tensors are written through
 `_collate.empty`, so in a process worker they land straight in a shared-memory slot.
+
+A process worker that has not imported torch (nothing in its dataset needs it) does not
+import it to collate: numbers and arrays are stacked by numpy into `TensorLeaf` arrays,
+which the main process turns into tensors with `torch.from_numpy` as they arrive (the
+arena does it for every array leaf already; pickled, a `TensorLeaf` rebuilds as a
+tensor). Importing torch costs a worker seconds at start-up. `defer_tensors()` turns this
+on; only process workers call it.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import collections.abc
 import copy
 import re
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,38 +40,85 @@ from .collate import (
 
 _STRING_OR_OBJECT = re.compile(r"[SaUO]")
 
+_deferring = False
+
+
+def defer_tensors() -> None:
+    """Collate into `TensorLeaf` arrays while torch is not imported in this process (a
+    process worker's start-up: only its main process needs the tensors)."""
+    global _deferring
+    _deferring = True
+
+
+class TensorLeaf(np.ndarray):
+    """A stacked batch leaf that becomes a tensor in the main process: `torch.from_numpy`
+    of its data (the arena flags it so; pickling rebuilds it so)."""
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return _tensor_of, (self.view(np.ndarray),)
+
+
+def _tensor_of(array: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(array)
+
+
+def _batch_tensor(out: np.ndarray) -> Any:
+    """The tensor over a freshly stacked array, or the array as a `TensorLeaf` in a
+    worker that defers tensors and has not imported torch."""
+    if _deferring and "torch" not in sys.modules:
+        return out.view(TensorLeaf)
+    import torch
+
+    return torch.from_numpy(out)
+
 
 class CollateRuntimeError(_Located, RuntimeError):
     """Samples do not line up (torch raises RuntimeError here; so do we, with the path)."""
 
 
-def _numpy_equal(batch: Sequence[Any], dtype: Any) -> Any:
-    """The numpy dtype that makes of `batch` exactly the tensor torch makes (`dtype` None:
-    torch's inference), when numpy can, else None. numpy converts a list of Python numbers
-    five times faster than `torch.as_tensor`."""
+# Types whose lists numpy turns into the same values and dtype as `torch.as_tensor` does
+# (numpy scalars keep their dtype in both), five times faster than torch.
+_SAME_IN_NUMPY: dict[type, Any] = {int: np.int64, bool: np.bool_} | {
+    t: t
+    for t in (
+        np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64,
+        np.float16, np.float32, np.float64, np.complex64, np.complex128,
+    )
+}
+
+
+_TORCH_WRAPS = frozenset(np.dtype(t) for t in _SAME_IN_NUMPY.values())  # torch.from_numpy takes these
+
+
+def _numpy_equal(batch: Sequence[Any], float64: bool) -> Any:
+    """The numpy dtype that makes of `batch` exactly the tensor torch makes (`float64`:
+    `torch.tensor(batch, dtype=torch.float64)`, else `torch.as_tensor(batch)`), or None
+    when numpy cannot be relied on to."""
     kinds = set(map(type, batch))
     if len(kinds) != 1:
         return None
     kind = kinds.pop()
-    if dtype is None:
-        return {int: np.int64, bool: np.bool_}.get(kind)
-    import torch
-
-    return np.float64 if kind is float and dtype == torch.float64 else None
+    if float64:
+        return np.float64 if kind is float else None
+    return _SAME_IN_NUMPY.get(kind)
 
 
-def _tensor_from(batch: Sequence[Any], dtype: Any = None) -> Any:
-    """torch.tensor / torch.as_tensor of a list of numbers, placed through the allocator."""
-    import torch
-
-    np_dtype = _numpy_equal(batch, dtype)
+def _tensor_from(batch: Sequence[Any], float64: bool = False) -> Any:
+    """torch.as_tensor of a list of numbers (`float64`: torch.tensor with that dtype),
+    placed through the allocator."""
+    np_dtype = _numpy_equal(batch, float64)
     if np_dtype is not None:
         out = empty((len(batch),), np_dtype)
         try:
             out[...] = batch
-            return torch.from_numpy(out)
+            return _batch_tensor(out)
         except OverflowError:
             pass  # an int beyond int64: torch raises its own error below
+    import torch
+
+    dtype = torch.float64 if float64 else None
     values = torch.tensor(batch, dtype=dtype) if dtype is not None else torch.as_tensor(batch)
     if _ALLOC.get() is None:
         return values
@@ -84,8 +139,6 @@ def _checked_stack(batch: Sequence[Any]) -> Any:
 
 
 def collate_numpy_array(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
-    import torch
-
     elem = batch[0]
     if _STRING_OR_OBJECT.search(elem.dtype.str) is not None:
         raise CollateTypeError(
@@ -94,10 +147,16 @@ def collate_numpy_array(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | 
     if elem.dtype.isnative:
         fast = stack_uniform(batch)
         if fast is not None:
+            if fast.dtype in _TORCH_WRAPS:
+                return _batch_tensor(fast)
+            import torch
+
             try:
                 return torch.from_numpy(fast)
             except TypeError:
                 pass  # a dtype torch cannot wrap: let torch raise its own error below
+    import torch
+
     shape, dtype = elem.shape, elem.dtype
     uniform = True
     for i, a in enumerate(batch):
@@ -121,9 +180,7 @@ def collate_numpy_scalar(batch: Sequence[Any], *, collate_fn_map: CollateFnMap |
 
 
 def collate_float(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
-    import torch
-
-    return _tensor_from(batch, torch.float64)
+    return _tensor_from(batch, float64=True)
 
 
 def collate_int(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
@@ -138,11 +195,12 @@ def collate_str(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = N
     return batch
 
 
-def _map() -> CollateFnMap:
-    import torch
+def _map(with_torch: bool = True) -> CollateFnMap:
+    if with_torch:
+        import torch
 
+        return {torch.Tensor: _collate_tensor, **_map(with_torch=False)}
     return {
-        torch.Tensor: _collate_tensor,
         np.ndarray: collate_numpy_array,
         np.memmap: collate_numpy_array,
         (np.bool_, np.number, np.object_): collate_numpy_scalar,
@@ -154,6 +212,7 @@ def _map() -> CollateFnMap:
 
 
 _default_map: CollateFnMap | None = None
+_torch_free_map = _map(with_torch=False)  # a sample cannot hold a tensor while torch is not imported
 
 
 def default_collate_fn_map() -> CollateFnMap:
@@ -188,6 +247,8 @@ def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None)
 
 def default_collate(batch: Sequence[Any]) -> Any:
     """torch's `default_collate`: a list of samples becomes a batch of tensors."""
+    if _deferring and "torch" not in sys.modules:
+        return collate(batch, collate_fn_map=_torch_free_map)
     return collate(batch, collate_fn_map=default_collate_fn_map())
 
 
