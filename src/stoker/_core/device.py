@@ -28,20 +28,17 @@ rules here are tested without an accelerator.
 
 from __future__ import annotations
 
-import copy
 import weakref
 from collections import deque
 from collections.abc import (
     Callable,
     Iterable,
     Iterator,
-    Mapping,
-    MutableMapping,
-    MutableSequence,
-    Sequence,
 )
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
+
+from .pin import WALK, map_batch
 
 H = TypeVar("H")
 
@@ -59,44 +56,8 @@ def map_tensors(batch: Any, fn: Callable[[Any], Any]) -> Any:
     """
     import torch
 
-    return _map(batch, fn, torch.Tensor)
-
-
-def _map(batch: Any, fn: Callable[[Any], Any], tensor: type) -> Any:
-    if isinstance(batch, tensor):
-        return fn(batch)
-    if isinstance(batch, (str, bytes, bytearray)):
-        return batch
-    if isinstance(batch, Mapping):
-        mapped = {key: _map(value, fn, tensor) for key, value in batch.items()}
-        try:
-            if isinstance(batch, MutableMapping):
-                clone = copy.copy(batch)
-                clone.update(mapped)
-                return clone
-            return type(batch)(mapped)  # type: ignore[call-arg]
-        except TypeError:
-            return mapped
-    if isinstance(batch, tuple):
-        items = [_map(item, fn, tensor) for item in batch]
-        if hasattr(batch, "_fields"):  # a namedtuple takes its fields as arguments
-            return type(batch)(*items)
-        try:
-            return type(batch)(items)
-        except TypeError:
-            return tuple(items)
-    if isinstance(batch, Sequence):
-        items = [_map(item, fn, tensor) for item in batch]
-        try:
-            if isinstance(batch, MutableSequence):
-                replaced = copy.copy(batch)
-                for i, item in enumerate(items):
-                    replaced[i] = item
-                return replaced
-            return type(batch)(items)  # type: ignore[call-arg]
-        except TypeError:
-            return items
-    return batch
+    tensor = torch.Tensor
+    return map_batch(batch, lambda obj: fn(obj) if isinstance(obj, tensor) else WALK)
 
 
 # --------------------------------------------------------------------------- copiers

@@ -95,24 +95,35 @@ def device_setup() -> Callable[[], None] | None:
     return functools.partial(torch.cuda.set_device, torch.cuda.current_device())
 
 
-def pin_batch(batch: Any) -> Any:
-    """`batch` with every tensor in it copied to pinned memory; its structure is kept.
+WALK = object()  # what a `map_batch` leaf function returns for an object it does not replace
 
-    Anything with a `pin_memory()` method (a tensor, or a custom batch type) is replaced by
-    what that method returns. Mappings and sequences are rebuilt as their own type where it
-    can be (a mutable one is shallow-copied and its items replaced, so extra attributes
-    survive); one that cannot be rebuilt becomes a dict or a list. Strings, bytes and any
-    other object come back unchanged.
+
+def map_batch(batch: Any, leaf: Callable[[Any], Any]) -> Any:
+    """`batch` with every object that `leaf` replaces (returns other than `WALK` for) replaced;
+    its structure is kept.
+
+    Mappings and sequences are rebuilt as their own type where it can be (a mutable one is
+    shallow-copied and its items replaced, so extra attributes survive); one that cannot be
+    rebuilt becomes a dict or a list; namedtuples stay namedtuples. Strings, bytes and any
+    other object come back unchanged. Shared by the pin step and `to_device`.
     """
     if isinstance(batch, (str, bytes, bytearray)):
         return batch
-    pin = getattr(batch, "pin_memory", None)
-    if callable(pin) and not isinstance(batch, type):
-        return pin()
+    done = leaf(batch)
+    if done is not WALK:
+        return done
     if isinstance(batch, Mapping):
-        return _pin_mapping(batch)
+        mapped = {key: map_batch(value, leaf) for key, value in batch.items()}
+        try:
+            if isinstance(batch, MutableMapping):
+                clone = copy.copy(batch)
+                clone.update(mapped)
+                return clone
+            return type(batch)(mapped)  # type: ignore[call-arg]
+        except TypeError:
+            return mapped
     if isinstance(batch, tuple):
-        items = [pin_batch(item) for item in batch]
+        items = [map_batch(item, leaf) for item in batch]
         if hasattr(batch, "_fields"):  # a namedtuple takes its fields as arguments
             return type(batch)(*items)
         try:
@@ -120,33 +131,31 @@ def pin_batch(batch: Any) -> Any:
         except TypeError:
             return tuple(items)
     if isinstance(batch, Sequence):
-        return _pin_sequence(batch)
+        items = [map_batch(item, leaf) for item in batch]
+        try:
+            if isinstance(batch, MutableSequence):
+                replaced = copy.copy(batch)
+                for i, item in enumerate(items):
+                    replaced[i] = item
+                return replaced
+            return type(batch)(items)  # type: ignore[call-arg]
+        except TypeError:
+            return items
     return batch
 
 
-def _pin_mapping(batch: Mapping[Any, Any]) -> Any:
-    pinned = {key: pin_batch(value) for key, value in batch.items()}
-    try:
-        if isinstance(batch, MutableMapping):
-            clone = copy.copy(batch)
-            clone.update(pinned)
-            return clone
-        return type(batch)(pinned)  # type: ignore[call-arg]
-    except TypeError:
-        return pinned
+def pin_batch(batch: Any) -> Any:
+    """`batch` with every tensor in it copied to pinned memory; its structure is kept
+    (see `map_batch`). Anything with a `pin_memory()` method (a tensor, or a custom batch
+    type) is replaced by what that method returns."""
+    return map_batch(batch, _pinned)
 
 
-def _pin_sequence(batch: Sequence[Any]) -> Any:
-    pinned = [pin_batch(item) for item in batch]
-    try:
-        if isinstance(batch, MutableSequence):
-            clone = copy.copy(batch)
-            for i, item in enumerate(pinned):
-                clone[i] = item
-            return clone
-        return type(batch)(pinned)  # type: ignore[call-arg]
-    except TypeError:
-        return pinned
+def _pinned(obj: Any) -> Any:
+    pin = getattr(obj, "pin_memory", None)
+    if callable(pin) and not isinstance(obj, type):
+        return pin()
+    return WALK
 
 
 # ------------------------------------------------------------------------ the pin thread
