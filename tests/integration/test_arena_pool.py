@@ -46,7 +46,7 @@ def test_slots_held_do_not_grow_with_workers(workers: int) -> None:
         kept[:] = [batch]  # the consumer holds the last batch while it asks for the next
     window = 2 * workers
     # every batch in flight, the one being handed out and the one the consumer holds
-    held = sum(len(p.maps) for p in loader._arena.pools.values())
+    held = len(loader._arena.slots.maps)
     assert held <= window + 2
 
 
@@ -62,7 +62,7 @@ def test_a_retired_slot_is_unmapped_by_the_other_workers() -> None:
     del batch
     # the next epoch's first batches went out (next-epoch prefetch), carrying the drop notices
     first = next(iter(loader))
-    pool = loader._arena.pools[0]
+    pool = loader._arena.slots
     live = len(pool.maps)
     sizes = sorted(pool.sizes.values())
     assert sizes[0] >= 4 * ROWS * 8  # the small slots of the first batches were retired

@@ -82,19 +82,19 @@ def test_views_are_zero_copy_onto_one_slot(link):
     out = roundtrip({"a": np.ones(1000), "b": np.zeros(10, np.int32)})
     owner_a, owner_b = out["a"].base, out["b"].base
     assert owner_a is owner_b  # both leaves are views of the slot's owner array
-    assert len(arena.pools[0].maps) == 1
+    assert len(arena.slots.maps) == 1
 
 
 def test_slot_is_reused_only_after_the_batch_is_dropped(link):
     roundtrip, arena, _ = link
     first = roundtrip(np.full(100_000, 1.0))
     second = roundtrip(np.full(100_000, 2.0))  # first is still held: a second slot
-    assert len(arena.pools[0].maps) == 2
+    assert len(arena.slots.maps) == 2
     assert (first == 1.0).all() and (second == 2.0).all()
     del first
     gc.collect()
     third = roundtrip(np.full(100_000, 3.0))
-    assert len(arena.pools[0].maps) == 2  # reused the released slot
+    assert len(arena.slots.maps) == 2  # reused the released slot
     assert (second == 2.0).all() and (third == 3.0).all()
 
 
@@ -112,10 +112,10 @@ def test_growing_batch_moves_to_a_bigger_slot_and_retires_the_small_one(link):
     gc.collect()
     big = roundtrip(np.ones(1_000_000))
     assert (big == 1).all()
-    assert len(arena.pools[0].maps) == 1
+    assert len(arena.slots.maps) == 1
     assert len(made.writer.slots) == 1
-    assert len(arena.pools[0].fds) == 1  # the retired slot's descriptor is closed
-    assert next(iter(arena.pools[0].sizes.values())) >= big.nbytes
+    assert len(arena.slots.fds) == 1  # the retired slot's descriptor is closed
+    assert next(iter(arena.slots.sizes.values())) >= big.nbytes
 
 
 def test_torch_tensors_come_back_as_tensors_sharing_the_slot(link):
@@ -136,7 +136,7 @@ def test_arena_limit_falls_back_to_pickling_with_one_warning(monkeypatch):
             np.testing.assert_array_equal(made.roundtrip(np.arange(10_000)), np.arange(10_000))
     messages = [str(w.message) for w in caught if ARENA_LIMIT_ENV in str(w.message)]
     assert len(messages) == 1
-    assert made.arena.pools[0].maps == {}
+    assert made.arena.slots.maps == {}
     made.close()
 
 
@@ -161,8 +161,8 @@ def test_descriptors_kept_are_bounded_whatever_the_slots_and_batches(monkeypatch
     before = len(os.listdir("/proc/self/fd"))
     made = Link()  # four socket descriptors
     kept = [made.roundtrip(np.ones(10_000)) for _ in range(30)]
-    assert len(made.arena.pools[0].maps) >= 30
-    assert len(made.arena.pools[0].fds) == 4
+    assert len(made.arena.slots.maps) >= 30
+    assert len(made.arena.slots.fds) == 4
     assert len(os.listdir("/proc/self/fd")) == before + 4 + 4
     del kept
     made.close()
@@ -177,7 +177,7 @@ def test_the_next_workers_reuse_the_slots_of_the_last_ones(link):
     """Non-persistent workers are new processes each epoch: they are handed the slots."""
     roundtrip, arena, first = link
     batch = roundtrip({"x": np.full((64, 64), 1.0)}, collate=None)
-    slot_ids = set(arena.pools[0].maps)
+    slot_ids = set(arena.slots.maps)
     del batch
     gc.collect()
     first.close()
@@ -185,7 +185,7 @@ def test_the_next_workers_reuse_the_slots_of_the_last_ones(link):
     out = second.roundtrip([{"x": np.full(64, 2.0)}] * 64, collate=default_collate)
     order = second.orders[-1]
     assert order.use in slot_ids and order.attach  # the descriptor came with the task
-    assert set(arena.pools[0].maps) == slot_ids  # no new slot, no new mapping in main
+    assert set(arena.slots.maps) == slot_ids  # no new slot, no new mapping in main
     assert (out["x"] == 2.0).all() and out["x"].shape == (64, 64)
     again = second.roundtrip([{"x": np.full(64, 3.0)}] * 64, collate=default_collate)
     assert not second.orders[-1].attach  # mapped once per process
@@ -200,7 +200,7 @@ def test_a_worker_without_a_free_slot_makes_one_up_front_from_the_last_size(link
     assert made.orders[0].size_hint == 0  # nothing seen yet: made after collation, then copied
     assert all(o.use is None and o.size_hint >= 16 * 1000 * 8 for o in made.orders[1:])
     assert all((h["x"] == 7.0).all() for h in held)
-    assert len(arena.pools[0].maps) == 3
+    assert len(arena.slots.maps) == 3
 
 
 def test_slots_of_tasks_that_never_answered_are_free_after_close():

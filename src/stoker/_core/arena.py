@@ -463,7 +463,7 @@ class SlotWriter:
 
 
 # ------------------------------------------------------------------ main side
-class WorkerPool:
+class SlotPool:
     """The arena's slots: mappings, descriptors, free list.
 
     Shared by every worker process of the loader, over its life.
@@ -539,28 +539,21 @@ class Arena:
 
     def __init__(self, limit: int | None = None) -> None:
         self.limit = limit
-        self.pools: dict[int, WorkerPool] = {}
+        self.slots = SlotPool()  # one pool for every worker
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._fd_budget = fd_budget()
         self._warned_fallback = False
         self._warned_held = False
         self._workers: set[int] = set()  # worker ids served (the held-slots warning scales with them)
-        weakref.finalize(self, _close_fds, self.pools)
-
-    def pool(self, worker_id: int) -> WorkerPool:
-        """The pool worker `worker_id` draws from: one for all workers (kept in `pools[0]`)."""
-        self._workers.add(worker_id)
-        pool = self.pools.get(0)
-        if pool is None:
-            pool = self.pools[0] = WorkerPool()
-        return pool
+        weakref.finalize(self, _close_fds, self.slots)
 
     def order(self, worker_id: int, mapped: set[int], drop: tuple[int, ...] = ()) -> SlotOrder:
         """Where the next task of worker `worker_id` collates; `mapped`: slots its process
         maps; `drop`: slots it maps that another worker retired."""
         with self._lock:
-            pool = self.pool(worker_id)
+            self._workers.add(worker_id)
+            pool = self.slots
             slot_id = pool.take_free(mapped)
             budget = None if self.limit is None else max(0, self.limit - pool.bytes)
             # the largest batch so far, no headroom: batches of one size (images) then take
@@ -573,11 +566,11 @@ class Arena:
             return SlotOrder(slot_id, pool.sizes[slot_id], slot_id not in mapped, spare, 0, budget, drop)
 
     def fd_of(self, worker_id: int, slot_id: int) -> int:
-        return self.pool(worker_id).fds[slot_id]
+        return self.slots.fds[slot_id]
 
     def release(self, worker_id: int, slot_id: int) -> None:
         """A slot that was given out but carried nothing goes back to the free list."""
-        pool = self.pool(worker_id)
+        pool = self.slots
         if slot_id in pool.maps:
             pool.released.append(slot_id)
 
@@ -594,7 +587,7 @@ class Arena:
         if kind != SLOT:
             raise pickle.UnpicklingError(f"unexpected reply header {fields!r:.80}")
         header = SlotHeader(*fields[1:])
-        pool = self.pool(worker_id)
+        pool = self.slots
         if header.new:
             fds = _recv_fds(conn, len(header.new))
             with self._lock:
@@ -615,15 +608,14 @@ class Arena:
         payload = _LeafUnpickler(io.BytesIO(body), views).load()
         return Done(header.task_id, payload, header.work), header
 
-    def _adopt(self, pool: WorkerPool, slot_id: int, size: int, fd: int) -> None:
+    def _adopt(self, pool: SlotPool, slot_id: int, size: int, fd: int) -> None:
         try:
             pool.maps[slot_id] = map_fd(fd, size)
         except BaseException:
             os.close(fd)
             raise
         pool.sizes[slot_id] = size
-        kept = sum(len(p.fds) for p in self.pools.values())
-        if kept < self._fd_budget:
+        if len(pool.fds) < self._fd_budget:
             pool.fds[slot_id] = fd
         else:
             os.close(fd)
@@ -639,7 +631,7 @@ class Arena:
                 stacklevel=6,
             )
 
-    def _check_held(self, pool: WorkerPool) -> None:
+    def _check_held(self, pool: SlotPool) -> None:
         if not self._warned_held and len(pool.maps) > self.HELD_WARNING_SLOTS * max(1, len(self._workers)):
             self._warned_held = True
             total = pool.bytes / 2**20
@@ -653,17 +645,16 @@ class Arena:
             )
 
     def reserved_bytes(self) -> int:
-        """Bytes of all the slots this arena knows of, over every worker id's pool, whether
-        they hold a batch or are free: the shared memory the loader keeps reserved."""
+        """Bytes of all the slots this arena knows of, whether they hold a batch or are
+        free: the shared memory the loader keeps reserved."""
         with self._lock:
-            return sum(pool.bytes for pool in self.pools.values())
+            return self.slots.bytes
 
 
-def _close_fds(pools: dict[int, WorkerPool]) -> None:
-    for pool in pools.values():
-        fds, pool.fds = pool.fds, {}
-        for fd in fds.values():
-            os.close(fd)
+def _close_fds(pool: SlotPool) -> None:
+    fds, pool.fds = pool.fds, {}
+    for fd in fds.values():
+        os.close(fd)
 
 
 def _view(owner: np.ndarray, offset: int, dtype: str, shape: tuple[int, ...], nbytes: int, as_tensor: bool) -> Any:

@@ -96,15 +96,17 @@ def first_mismatch(batch: Sequence[Any], get: Callable[[Any], Any]) -> tuple[int
     return -1, ref, ref
 
 
-def _check_same_type(batch: Sequence[Any], kind: type | tuple[type, ...], what: str) -> None:
+def _check_same_type(batch: Sequence[Any], kind: type | tuple[type, ...], what: str) -> bool:
+    """Raise unless every sample is a `kind`; whether they are all of one type."""
     if len(set(map(type, batch))) == 1:
-        return
+        return True
     for i, item in enumerate(batch):
         if not isinstance(item, kind):
             raise CollateTypeError(
                 f"sample 0 has {what} ({type(batch[0]).__name__}) but sample {i} has "
                 f"{type(item).__name__}"
             )
+    return False
 
 
 # --------------------------------------------------------------- dispatch
@@ -139,11 +141,11 @@ def collate_containers(
     elem = batch[0]
     elem_type = type(elem)
     if isinstance(elem, collections.abc.Mapping):
-        _check_same_type(batch, collections.abc.Mapping, "a mapping")
+        one_type = _check_same_type(batch, collections.abc.Mapping, "a mapping")
         keys = list(elem)
         elem_keys = elem.keys()
         # dicts compared at C speed: a Python loop over the samples cost more than the copy
-        same = set(map(type, batch)) == {dict} and all(map(elem_keys.__eq__, map(dict.keys, batch)))
+        same = one_type and type(elem) is dict and all(map(elem_keys.__eq__, map(dict.keys, batch)))
         if not same:
             for i, d in enumerate(batch):
                 if d.keys() != elem_keys:

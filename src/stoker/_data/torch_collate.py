@@ -144,17 +144,10 @@ def collate_numpy_array(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | 
         raise CollateTypeError(
             f"batch must contain tensors, numpy arrays, numbers, dicts or lists; found {elem.dtype}"
         )
-    if elem.dtype.isnative:
+    if elem.dtype in _TORCH_WRAPS:  # native byte order, a dtype torch.from_numpy takes
         fast = stack_uniform(batch)
         if fast is not None:
-            if fast.dtype in _TORCH_WRAPS:
-                return _batch_tensor(fast)
-            import torch
-
-            try:
-                return torch.from_numpy(fast)
-            except TypeError:
-                pass  # a dtype torch cannot wrap: let torch raise its own error below
+            return _batch_tensor(fast)
     import torch
 
     shape, dtype = elem.shape, elem.dtype
