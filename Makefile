@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,bench]' '$(TORCH_PIN)'
+	$(PY) -m pip install --quiet -e '.[test,bench,ray]' '$(TORCH_PIN)'
 	$(PY) -m compileall -q src
 	touch $(STAMP)
 

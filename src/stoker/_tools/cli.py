@@ -170,6 +170,11 @@ def _bench(args: argparse.Namespace) -> int:
         print("matplotlib is not installed: no chart (pip install stoker[bench])")
     else:
         print("no samples/s figures: no chart")
+    if "W2" in workloads:  # stoker.ray on the images workload; one skip line without Ray
+        from . import raybench
+
+        print()
+        raybench.main(quick=args.quick, with_torch=with_torch, json_path=os.path.join(args.out_dir, "raybench.json"))
     return 0
 
 

@@ -1,0 +1,369 @@
+"""`stoker bench`'s Ray rows: stoker.ray on the images workload (W2: 3x224x224 uint8, batch 64).
+
+1. One node, Ray given 2 CPUs (`ray.init(num_cpus=2)` in this process): `stoker.ray.DataLoader`
+   against `stoker.DataLoader(num_workers=2)` and `torch.utils.data.DataLoader(num_workers=2)`,
+   repetitions interleaved. Each run is one epoch of a fresh loader; its rate is the samples
+   after the first batch over the time after it (the same rule for all three), and its start-up
+   the time to the first batch (for stoker.ray, the first run's includes `ray.init`). While the
+   stoker.ray runs go, a thread samples the memory of Ray's processes (RSS and USS, summed) and
+   the object store's use. Then stoker.ray with several numbers of read tasks (how
+   `stoker.ray.read_task_count` was chosen).
+2. Two ranks on a two-node cluster (one CPU each) inside a loopback-only network namespace
+   (`unshare --net`, as tests/ray does), each rank a thread of one driver iterating its own
+   `stoker.ray.DataLoader(rank=r, world_size=2)`: samples/s of the two together. Skipped, with a
+   line saying why, where a namespace cannot be made.
+
+No timed assertion anywhere: figures are printed, with ratios from the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+BATCH = 64
+SAMPLES = 2560  # 40 batches, 385 MB an epoch
+QUICK_SAMPLES = 640
+READ_TASK_CHOICES = (1, 2, 4, 8, 16)
+NAMESPACE = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "--kill-child", "--"]
+TWO_NODE_TIMEOUT_S = 150
+RAY_NAMES = ("raylet", "gcs_server", "ray::", "default_worker", "log_monitor", "dashboard")
+
+
+def missing() -> str | None:
+    """Why the Ray rows cannot run here, or None."""
+    import importlib.util
+
+    for module in ("ray", "psutil"):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not installed (pip install 'stoker[ray]')"
+    return None
+
+
+def _epoch(batches: Iterable[Any]) -> tuple[float, float, int]:
+    """(seconds to the first batch, samples/s after it, samples) of one pass."""
+    begun = time.perf_counter()
+    first = 0.0
+    count = 0
+    after = 0
+    for batch in batches:
+        n = len(batch)
+        if not count:
+            first = time.perf_counter()
+        else:
+            after += n
+        count += n
+    end = time.perf_counter()
+    return first - begun, after / max(end - first, 1e-9), count
+
+
+class MemoryWatch:
+    """Samples Ray's processes (summed RSS and USS) and the object store's use, in a thread."""
+
+    def __init__(self, interval_s: float = 0.25) -> None:
+        self.interval_s = interval_s
+        self.rss = 0
+        self.uss = 0
+        self.store = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="raybench-memory", daemon=True)
+
+    def __enter__(self) -> MemoryWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+    def sample(self) -> None:
+        rss, uss = ray_process_memory()
+        self.rss = max(self.rss, rss)
+        self.uss = max(self.uss, uss)
+        self.store = max(self.store, object_store_used())
+
+
+def ray_process_memory() -> tuple[int, int]:
+    """Summed (RSS, USS) of this machine's Ray processes (not this driver)."""
+    import psutil
+
+    rss = uss = 0
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+        if proc.info["pid"] == os.getpid():
+            continue
+        text = (proc.info["name"] or "") + " " + " ".join(proc.info["cmdline"] or [])
+        if not any(name in text for name in RAY_NAMES):
+            continue
+        try:
+            full = proc.memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        rss += full.rss
+        uss += full.uss
+    return rss, uss
+
+
+def object_store_used() -> int:
+    """Bytes in use in the object stores, as Ray's memory summary reports them (0 if unknown)."""
+    try:
+        from ray._private.internal_api import memory_summary
+
+        text = memory_summary(stats_only=True)
+    except Exception:
+        return 0
+    found = re.search(r"Plasma memory usage (\d+) MiB", text)
+    return int(found.group(1)) << 20 if found else 0
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def one_node(samples: int, reps: int, with_torch: bool) -> dict[str, Any]:
+    """Part 1: stoker.ray on one node against the local loaders."""
+    import ray
+    import stoker
+    import stoker.ray as sray
+
+    from .bench import Images
+
+    dataset: Any = Images(samples)
+    temp_dir = tempfile.mkdtemp(prefix="rb", dir="/tmp")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    loaders: dict[str, Callable[[], Iterable[Any]]] = {
+        "stoker (2 workers)": lambda: stoker.DataLoader(dataset, batch_size=BATCH, num_workers=2),
+        "stoker.ray": lambda: sray.DataLoader(dataset, batch_size=BATCH, seed=0),
+    }
+    if with_torch:
+        import torch.utils.data
+
+        loaders["torch.utils.data (2 workers)"] = lambda: torch.utils.data.DataLoader(
+            dataset, batch_size=BATCH, num_workers=2
+        )
+    rates: dict[str, list[float]] = {name: [] for name in loaders}
+    firsts: dict[str, list[float]] = {name: [] for name in loaders}
+    begun = time.perf_counter()
+    ray.init(
+        num_cpus=2,
+        object_store_memory=512 << 20,
+        include_dashboard=False,
+        _temp_dir=temp_dir,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    init_s = time.perf_counter() - begun
+    try:
+        watch = MemoryWatch()
+        with watch:
+            first_ray = None
+            for _ in range(reps):
+                for name, make in loaders.items():
+                    first_s, rate, count = _epoch(make())
+                    if count != samples:
+                        raise RuntimeError(f"{name} gave {count} samples, not {samples}")
+                    if name == "stoker.ray" and first_ray is None:
+                        first_ray = init_s + first_s  # the very first includes ray.init
+                    rates[name].append(rate)
+                    firsts[name].append(first_s)
+        tasks: dict[int, float] = {}
+        for count in READ_TASK_CHOICES:
+            _, rate, _ = _epoch(sray.DataLoader(dataset, batch_size=BATCH, seed=0, read_tasks=count))
+            tasks[count] = rate
+        cpus = float(ray.cluster_resources().get("CPU", 0))
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    return {
+        "samples": samples,
+        "reps": reps,
+        "rates": rates,
+        "first_batch_s": firsts,
+        "ray_init_s": init_s,
+        "ray_first_batch_with_init_s": first_ray,
+        "memory": {"rss": watch.rss, "uss": watch.uss, "object_store": watch.store},
+        "read_tasks": {str(k): v for k, v in tasks.items()},
+        "default_read_tasks": sray.read_task_count(samples // BATCH, cpus),
+    }
+
+
+def two_ranks_in_namespace(samples: int) -> dict[str, Any]:
+    """Part 2, run inside the namespace (by `two_nodes`): a two-node cluster, two ranks."""
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    from ray.cluster_utils import Cluster
+
+    import ray
+    import stoker.ray as sray
+
+    from .bench import Images
+
+    temp_dir = tempfile.mkdtemp(prefix="rc", dir="/tmp")
+    args: dict[str, Any] = {
+        "num_cpus": 1,
+        "object_store_memory": 200 << 20,
+        "node_ip_address": "127.0.0.1",
+        "include_dashboard": False,
+        "temp_dir": temp_dir,
+    }
+    # Ray writes the cluster's address under $RAY_TMPDIR/ray (default /tmp/ray): keep it in ours
+    os.environ["RAY_TMPDIR"] = temp_dir
+    os.makedirs(os.path.join(temp_dir, "ray"), exist_ok=True)
+    begun = time.perf_counter()
+    cluster = Cluster(initialize_head=True, head_node_args=args)
+    cluster.add_node(**args)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, _node_ip_address="127.0.0.1", log_to_driver=False)
+    start_s = time.perf_counter() - begun
+    dataset = Images(samples)
+    try:
+        results: dict[int, tuple[float, float, int]] = {}
+        errors: list[str] = []
+
+        def rank(r: int) -> None:
+            try:
+                results[r] = _epoch(sray.DataLoader(dataset, batch_size=BATCH, seed=0, rank=r, world_size=2))
+            except Exception as exc:
+                errors.append(f"rank {r}: {type(exc).__name__}: {exc}")
+
+        begun = time.perf_counter()
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - begun
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        total = sum(results[r][2] for r in range(2))
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    return {
+        "cluster_start_s": start_s,
+        "samples": total,
+        "wall_s": wall,
+        "samples_per_s": total / wall,
+        "rank_rates": [results[r][1] for r in range(2)],
+        "rank_first_batch_s": [results[r][0] for r in range(2)],
+    }
+
+
+def two_nodes(samples: int) -> dict[str, Any]:
+    """Part 2 from outside: run `two_ranks_in_namespace` in a fresh namespace; a dict with
+    "skipped" when a namespace cannot be made."""
+    if shutil.which("unshare") is None or shutil.which("ip") is None:
+        return {"skipped": "unshare or ip is not installed"}
+    out = tempfile.mktemp(prefix="raybench-", suffix=".json")
+    command = [
+        *NAMESPACE, "sh", "-c", 'ip link set lo up && exec "$0" "$@"',
+        sys.executable, "-m", "stoker._tools.raybench", "--two-nodes", str(samples), out,
+    ]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=TWO_NODE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)  # --kill-child: the namespace's processes go with it
+        proc.communicate()
+        return {"skipped": f"the two-node run took over {TWO_NODE_TIMEOUT_S} s and was killed"}
+    try:
+        if proc.returncode != 0:
+            tail = output.strip().splitlines()[-1:] or [""]
+            return {"skipped": f"the two-node run failed (exit {proc.returncode}): {tail[0][:200]}"}
+        with open(out) as f:
+            result: dict[str, Any] = json.load(f)
+        return result
+    finally:
+        if os.path.exists(out):
+            os.unlink(out)
+
+
+def run(quick: bool = False, with_torch: bool = True) -> dict[str, Any]:
+    """Both parts' figures."""
+    samples = QUICK_SAMPLES if quick else SAMPLES
+    return {
+        "one_node": one_node(samples, 1 if quick else 3, with_torch),
+        "two_nodes": two_nodes(samples),
+    }
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.0f} MB"
+
+
+def table(report: dict[str, Any]) -> str:
+    """The Ray rows as text."""
+    one = report["one_node"]
+    rates = one["rates"]
+    torch_name = "torch.utils.data (2 workers)"
+    torch_rate = _median(rates[torch_name]) if torch_name in rates else None
+    lines = [
+        f"Ray: W2 images (3x224x224 uint8, batch {BATCH}), {one['samples']:,} samples an epoch, "
+        f"one node with Ray given 2 CPUs, {one['reps']} reps (median, min-max)",
+        f"  {'loader':32}{'samples/s':>26}{'vs torch':>10}{'first batch':>13}",
+    ]
+    for name, values in rates.items():
+        ratio = f"{_median(values) / torch_rate:.2f}x" if torch_rate else "-"
+        spread = f"{_median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
+        lines.append(f"  {name:32}{spread:>26}{ratio:>10}{_median(one['first_batch_s'][name]):>12.2f}s")
+    memory = one["memory"]
+    lines.append(
+        f"  stoker.ray start-up: ray.init {one['ray_init_s']:.2f} s; first batch of the first loader "
+        f"{one['ray_first_batch_with_init_s']:.2f} s after ray.init began"
+    )
+    lines.append(
+        f"  Ray's processes at most {_mb(memory['rss'])} RSS, {_mb(memory['uss'])} USS (summed); "
+        f"object store at most {_mb(memory['object_store'])} in use"
+    )
+    tasks = ", ".join(f"{k}: {v:,.0f}" for k, v in one["read_tasks"].items())
+    lines.append(f"  stoker.ray samples/s by read tasks ({tasks}); the default here: {one['default_read_tasks']}")
+    two = report["two_nodes"]
+    if "skipped" in two:
+        lines.append(f"Ray, two ranks on a two-node loopback cluster: skipped ({two['skipped']})")
+    else:
+        lines.append(
+            f"Ray, two ranks on a two-node loopback cluster (1 CPU each, one network namespace): "
+            f"{two['samples_per_s']:,.0f} samples/s together ({two['samples']:,} samples in "
+            f"{two['wall_s']:.2f} s; ranks {', '.join(f'{r:,.0f}' for r in two['rank_rates'])} samples/s "
+            f"after their first batch); cluster start {two['cluster_start_s']:.1f} s"
+        )
+    return "\n".join(lines)
+
+
+def main(quick: bool = False, with_torch: bool = True, json_path: str | None = None) -> int:
+    """Run and print the Ray rows (one line saying why, when Ray is not installed)."""
+    reason = missing()
+    if reason:
+        print(f"Ray rows: skipped ({reason})")
+        return 0
+    report = run(quick, with_torch)
+    print(table(report), flush=True)
+    if json_path:
+        os.makedirs(os.path.dirname(json_path) or ".", exist_ok=True)
+        with open(json_path, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"wrote {json_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 4 and sys.argv[1] == "--two-nodes":
+        figures = two_ranks_in_namespace(int(sys.argv[2]))
+        with open(sys.argv[3], "w") as f:
+            json.dump(figures, f)
+        sys.exit(0)
+    sys.exit(main(quick="--quick" in sys.argv))
