@@ -43,6 +43,8 @@ _EXPORTS = {
     "SubsetRandomSampler": "._data.samplers",
     "WeightedRandomSampler": "._data.samplers",
     "SharedList": "._data.shared_list",
+    "Shard": "._data.shard",
+    "shard_for": "._data.shard",
 }
 
 if TYPE_CHECKING:
@@ -72,6 +74,7 @@ if TYPE_CHECKING:
         SubsetRandomSampler,
         WeightedRandomSampler,
     )
+    from ._data.shard import Shard, shard_for
     from ._data.shared_list import SharedList
 
 
@@ -103,6 +106,7 @@ __all__ = [
     "RandomSampler",
     "Sampler",
     "SequentialSampler",
+    "Shard",
     "SharedList",
     "StackDataset",
     "Subset",
@@ -119,6 +123,7 @@ __all__ = [
     "default_collate_fn_map",
     "default_convert",
     "get_worker_info",
+    "shard_for",
     "random_split",
     "sample_rng",
     "sample_seed",

@@ -42,6 +42,7 @@ from ._data.datasets import (
 )
 from ._data.rng import GeneratorLike
 from ._data.samplers import BatchSampler, Sampler, SequentialSampler
+from ._data.shard import Shard, shard_for
 from ._data.shared_list import SharedList
 from ._data.torch_collate import collate as _collate
 from ._data.torch_collate import default_collate, default_convert
@@ -111,6 +112,7 @@ __all__ = [
     "RandomSampler",
     "Sampler",
     "SequentialSampler",
+    "Shard",
     "SharedList",
     "StackDataset",
     "Subset",
@@ -127,6 +129,7 @@ __all__ = [
     "default_collate_fn_map",
     "default_convert",
     "get_worker_info",
+    "shard_for",
     "random_split",
     "sample_rng",
     "sample_seed",

@@ -305,6 +305,14 @@ def check_depth(depth: object) -> int:
     return depth
 
 
+def default_device() -> str:
+    """'cuda:LOCAL_RANK' under torchrun (LOCAL_RANK set), else 'cuda' (the current device)."""
+    from .._data.distributed import ranks
+
+    local = ranks()[2]
+    return "cuda" if local is None else f"cuda:{local}"
+
+
 def resolve_device(device: object) -> Any:
     """`device` as a `torch.device` with an index for CUDA; raises TypeError for a value that
     is not a device, and ValueError for a device other than cpu or cuda, or a CUDA device that
@@ -354,7 +362,7 @@ def resolve_device(device: object) -> Any:
 
 
 def to_device(
-    loader: Iterable[Any], device: Any, *, depth: int = DEFAULT_DEPTH
+    loader: Iterable[Any], device: Any = None, *, depth: int = DEFAULT_DEPTH
 ) -> DeviceLoader[Any]:
     """An iterable over `loader`'s batches with every tensor in them already on `device`.
 
@@ -376,7 +384,8 @@ def to_device(
     `loader`: any iterable of batches (a stoker or torch DataLoader, a list); every `iter()`
     over the result is a new pass over `iter(loader)`, and `len()` is the loader's. `device`:
     a `torch.device`, a string ('cuda', 'cuda:1', 'cpu') or a CUDA device index; 'cpu' moves
-    tensors with `.to("cpu")` and no stream. `depth`: batches copied ahead, an int >= 1.
+    tensors with `.to("cpu")` and no stream; None (the default): this rank's device, the one
+    torchrun's LOCAL_RANK names, else the current CUDA device. `depth`: batches copied ahead, an int >= 1.
 
     Breaking out of the loop is safe: closing or dropping the iterator waits for the copies in
     flight and lets their batches go. An exception the loader raises surfaces at the batch
@@ -384,6 +393,6 @@ def to_device(
     argument) for a bad `depth` or `device`, ValueError for a CUDA device that does not exist.
     """
     depth = check_depth(depth)
-    resolved = resolve_device(device)
+    resolved = resolve_device(default_device() if device is None else device)
     copier: Copier[Any] = HostCopier() if resolved.type == "cpu" else CudaCopier(resolved)
     return DeviceLoader(loader, copier, depth)

@@ -116,6 +116,9 @@ def make_engine(plan: LoadPlan, base_seed: int) -> Engine:
                 seed_each_batch=plan.seed_each_batch,
                 replica_resume=replicas[worker_id] if worker_id < len(replicas) else None,
                 timed=plan.stats or plan.auto is not None,  # "auto" times its first batches
+                rank=plan.ranks[0],
+                world_size=plan.ranks[1],
+                local_rank=plan.ranks[2],
             )
             for worker_id in range(count)
         ]
@@ -177,6 +180,7 @@ class SerialEngine(_NoRestart):
 
     def __init__(self, config: WorkerConfig) -> None:
         self._fetcher = fetcher_for(config)
+        self._rank = config.rank
         self._timed = config.timed
         self._base_seed = config.base_seed
         self._seed_each_batch = config.seed_each_batch
@@ -201,7 +205,7 @@ class SerialEngine(_NoRestart):
             epoch, batch = message.epoch, message.batch
             # seed_each_batch: seed the global RNGs as a worker process would, and give the
             # caller back its own states afterwards, whatever the fetch did
-            saved = seed_main_globals(self._base_seed, epoch, batch) if self._seed_each_batch else None
+            saved = seed_main_globals(self._base_seed, epoch, batch, self._rank) if self._seed_each_batch else None
             start = clock() if self._timed else 0.0
             try:
                 done = Done(message.task_id, self._fetcher.fetch(message.index, epoch, batch))

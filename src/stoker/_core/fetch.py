@@ -133,13 +133,16 @@ class IterableFetcher:
         worker_id: int = 0,
         resume: tuple[Any, int] | None = None,
         timed: bool = False,
+        rank: int = 0,
     ) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
         self.drop_last = drop_last
         self.base_seed = base_seed
-        self.worker_id = worker_id
+        # what this replica's item seeds are keyed by: ranks share the base seed, and their
+        # replicas make different items
+        self.worker_id: Any = worker_id if rank == 0 else (worker_id, rank)
         self.timed = timed
         self.timing: tuple[int, float, float] = (0, 0.0, 0.0)  # the last fetch's (samples, fetch_s, collate_s)
         self._iterator: Iterator[Any] | None = None
@@ -232,10 +235,14 @@ def make_fetcher(
     worker_id: int = 0,
     resume: tuple[Any, int] | None = None,
     timed: bool = False,
+    rank: int = 0,
 ) -> MapFetcher | IterableFetcher:
     """The fetcher for a dataset kind ("map" or "iterable"); `base_seed` and `worker_id`
-    are what `sample_seed()` / `sample_rng()` derive from (see seeding); `resume` is an
-    iterable replica's saved (state, items drawn); `timed` keeps each fetch's `timing`."""
+    (and an iterable replica's training `rank`) are what `sample_seed()` / `sample_rng()`
+    derive from (see seeding); `resume` is an iterable replica's saved (state, items drawn);
+    `timed` keeps each fetch's `timing`."""
     if dataset_kind == "map":
         return MapFetcher(dataset, auto_collation, collate_fn, base_seed, timed)
-    return IterableFetcher(dataset, auto_collation, collate_fn, drop_last, base_seed, worker_id, resume, timed)
+    return IterableFetcher(
+        dataset, auto_collation, collate_fn, drop_last, base_seed, worker_id, resume, timed, rank
+    )

@@ -17,8 +17,11 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
+import numpy as np
+
 from .._data import collate as _collate
 from .._data.datasets import Dataset, is_iterable_dataset
+from .._data.distributed import agreed_seed, ranks, torch_distributed_world
 from .._data.rng import GeneratorLike, RandomSource, check_generator
 from .._data.samplers import (
     LAST_BATCH_CHOICES,
@@ -34,7 +37,7 @@ from .bar import require_tqdm
 from .engines import prepare_forkserver
 from .iterator import LoaderIterator
 from .plan import LoadPlan
-from .resume import ELASTIC_KEYS, Progress, capture_epoch, make_elastic
+from .resume import ELASTIC_KEYS, Progress, capture_epoch, distributed_sampler, make_elastic
 from .resume import VERSION as STATE_VERSION
 from .resume import check as check_resume
 from .resume import describe as describe_resume
@@ -341,6 +344,18 @@ class DataLoader(Generic[T_co]):
         self.sampler = sampler
         self.batch_sampler = batch_sampler
         self.generator = generator
+        # the training rank: its workers' seeds mix it in. With torch.distributed initialised,
+        # a loader that shards with a DistributedSampler and has no generator agrees with the
+        # other ranks on one (a collective, like the sampler's seed=None), so that a sample's
+        # sample_rng() is the same whichever rank reads it
+        sharded = distributed_sampler(batch_sampler if batch_sampler is not None else sampler)
+        rank, world_size, local_rank = ranks()
+        if sharded is not None and not torch_distributed_world():  # its ranks are all we know
+            rank, world_size = sharded.rank, sharded.num_replicas
+        self._ranks = (rank, world_size, local_rank)
+        self._agreed: GeneratorLike = None
+        if generator is None and sharded is not None and torch_distributed_world() > 1:
+            self._agreed = _generator_from(agreed_seed(flavour=self._flavour), self._flavour)
 
         if collate_fn is None:
             collate_fn = self._default_collate() if self._auto_collation else self._default_convert()
@@ -480,8 +495,9 @@ class DataLoader(Generic[T_co]):
         head = self._head_start() if self._choice_in_epoch() else None
         workers = 0 if head is not None else self.num_workers
         processes = workers > 0 and not self.thread_pool
-        if self._seed_source is None or self._seed_source.generator is not self.generator:
-            self._seed_source = RandomSource(self.generator, self._flavour)
+        generator = self.generator if self.generator is not None else self._agreed
+        if self._seed_source is None or self._seed_source.generator is not generator:
+            self._seed_source = RandomSource(generator, self._flavour)
         prefetch = self.prefetch_factor if workers > 0 and self.prefetch_factor is not None else 1
         return LoadPlan(
             dataset=self.dataset,
@@ -514,6 +530,7 @@ class DataLoader(Generic[T_co]):
             choice=self._choice,
             resume=resume,
             auto=head,
+            ranks=self._ranks,
         )
 
     # -------------------------------------------------------------- iteration
@@ -633,3 +650,13 @@ class DataLoader(Generic[T_co]):
         """Warn (as torch does) when num_workers exceeds the CPUs this process may use."""
         if self._auto is None:
             warn_if_too_many_workers(self.num_workers, stacklevel=3)
+
+
+
+def _generator_from(seed: int, flavour: str) -> GeneratorLike:
+    """A generator of the loader's flavour seeded with `seed`."""
+    if flavour == "torch":
+        import torch
+
+        return torch.Generator().manual_seed(seed)
+    return np.random.default_rng(seed)

@@ -73,8 +73,17 @@ def _accelerator_available(torch: Any) -> bool:
     return bool(torch.cuda.is_available())
 
 
+def local_device_index(count: int) -> int | None:
+    """torchrun's LOCAL_RANK when it names one of `count` devices: the device of this rank."""
+    from .._data.distributed import ranks
+
+    local = ranks()[2]
+    return local if local is not None and 0 <= local < count else None
+
+
 def device_setup() -> Callable[[], None] | None:
-    """A function that makes the calling thread use this thread's current accelerator device.
+    """A function that makes the calling thread use this rank's accelerator device: the
+    device LOCAL_RANK names under torchrun, else this thread's current one.
 
     Give it to `PinThread(init=...)`: the current device is per thread, and a pin thread that
     never set it would pin through device 0's context, creating one there (a process that
@@ -89,10 +98,14 @@ def device_setup() -> Callable[[], None] | None:
     if accelerator is not None and hasattr(accelerator, "set_device_index"):
         if not accelerator.is_available():
             return None
-        return functools.partial(accelerator.set_device_index, accelerator.current_device_index())
+        local = local_device_index(accelerator.device_count())
+        index = local if local is not None else accelerator.current_device_index()
+        return functools.partial(accelerator.set_device_index, index)
     if not torch.cuda.is_available():
         return None
-    return functools.partial(torch.cuda.set_device, torch.cuda.current_device())
+    local = local_device_index(torch.cuda.device_count())
+    index = local if local is not None else torch.cuda.current_device()
+    return functools.partial(torch.cuda.set_device, index)
 
 
 WALK = object()  # what a `map_batch` leaf function returns for an object it does not replace

@@ -52,6 +52,7 @@ class LoadPlan:
     choice: str | None = None  # what num_workers="auto" / prefetch_factor="auto" chose
     resume: dict[str, Any] | None = None  # a loaded state: where this iterator's first epoch resumes
     auto: AutoStart | None = None  # num_workers="auto": the first epoch starts inline, then chooses
+    ranks: tuple[int, int, int | None] = (0, 1, None)  # (rank, world size, local rank) for workers
 
     @property
     def iterable(self) -> bool:

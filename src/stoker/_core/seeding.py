@@ -192,17 +192,19 @@ def sample_rng() -> np.random.Generator:
 # ------------------------------------------------------------------ seed_each_batch
 
 
-def _global_seeds(base_seed: int, epoch: int, batch: int) -> tuple[int, np.ndarray, int]:
-    """(Python's seed, numpy's seed words, torch's seed) for one batch."""
-    state = seed_sequence(GLOBAL, base_seed, epoch, batch).generate_state(5, np.uint64)
+def _global_seeds(base_seed: int, epoch: int, batch: int, rank: int = 0) -> tuple[int, np.ndarray, int]:
+    """(Python's seed, numpy's seed words, torch's seed) for one batch of one rank (ranks
+    share the base seed; their augmentations must not repeat each other's)."""
+    key = batch if rank == 0 else (batch, rank)
+    state = seed_sequence(GLOBAL, base_seed, epoch, key).generate_state(5, np.uint64)
     return int(state[0]) | int(state[1]) << 64, state[2:4].view(np.uint32), int(state[4])
 
 
-def seed_batch_globals(base_seed: int, epoch: int, batch: int) -> None:
+def seed_batch_globals(base_seed: int, epoch: int, batch: int, rank: int = 0) -> None:
     """Seed a worker process's global RNGs for one batch: Python's `random`, numpy's
     global RNG and, if torch is imported, torch's CPU generator (and CUDA's, if this
     process initialised CUDA)."""
-    py_seed, np_seed, torch_seed = _global_seeds(base_seed, epoch, batch)
+    py_seed, np_seed, torch_seed = _global_seeds(base_seed, epoch, batch, rank)
     random.seed(py_seed)
     np.random.seed(np_seed)
     torch = sys.modules.get("torch")
@@ -217,7 +219,7 @@ def seed_batch_globals(base_seed: int, epoch: int, batch: int) -> None:
 Saved = tuple[Any, Any, Any, Any]  # (random's state, numpy's state, torch's generator, its state)
 
 
-def seed_main_globals(base_seed: int, epoch: int, batch: int) -> Saved:
+def seed_main_globals(base_seed: int, epoch: int, batch: int, rank: int = 0) -> Saved:
     """In the main process (num_workers=0): save the global RNGs' states, then seed them
     for one batch as a worker process would (torch: the CPU generator only; the CUDA
     generators belong to the training loop and are left alone). Pass the result to
@@ -230,7 +232,7 @@ def seed_main_globals(base_seed: int, epoch: int, batch: int) -> Saved:
         generator,
         generator.get_state() if generator is not None else None,
     )
-    py_seed, np_seed, torch_seed = _global_seeds(base_seed, epoch, batch)
+    py_seed, np_seed, torch_seed = _global_seeds(base_seed, epoch, batch, rank)
     random.seed(py_seed)
     np.random.seed(np_seed)
     if generator is not None:

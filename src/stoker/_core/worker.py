@@ -41,12 +41,21 @@ PARENT_POLL_S = 0.5  # how often an idle worker checks that its parent is alive
 
 @dataclass(frozen=True)
 class WorkerInfo(Generic[T_co]):
-    """What a worker knows about itself; `get_worker_info()` returns it inside a worker."""
+    """What a worker knows about itself; `get_worker_info()` returns it inside a worker.
+
+    `rank` and `world_size` are the training rank's (torch.distributed's when initialised,
+    else the loader's DistributedSampler's, else torchrun's RANK / WORLD_SIZE, else 0 and 1), so that an
+    IterableDataset can shard over ranks x workers (see `shard_for`); `local_rank` is torchrun's
+    LOCAL_RANK, None without it. `seed` differs for every (rank, worker).
+    """
 
     id: int
     num_workers: int
     seed: int
     dataset: Any
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int | None = None
 
 
 _process_info: WorkerInfo[Any] | None = None
@@ -76,17 +85,24 @@ class WorkerConfig:
     seed_each_batch: bool = False  # seed the global RNGs from (base seed, epoch, batch) per batch
     replica_resume: tuple[Any, int] | None = None  # iterable replica: saved (state, items drawn)
     timed: bool = False  # each Done carries the batch's timing (`DataLoader(stats=True)`)
+    rank: int = 0  # the training rank's, with world_size and local_rank (see WorkerInfo)
+    world_size: int = 1
+    local_rank: int | None = None
 
     @property
     def seed(self) -> int:
-        return self.base_seed + self.worker_id
+        # torch's base seed + worker id on rank 0; ranks share the base seed (see
+        # DistributedSampler(seed=None)), so each rank's workers take the next numbers
+        return self.base_seed + self.rank * self.num_workers + self.worker_id
 
 
-def seed_globals(base_seed: int, worker_id: int) -> None:
-    """Seed Python's, numpy's and (if loaded) torch's global RNGs for one worker process."""
-    seed = base_seed + worker_id
+def seed_globals(base_seed: int, worker_id: int, rank: int = 0, num_workers: int = 1) -> None:
+    """Seed Python's, numpy's and (if loaded) torch's global RNGs for one worker process
+    (worker `worker_id` of `num_workers` on training rank `rank`)."""
+    worker = rank * num_workers + worker_id
+    seed = base_seed + worker
     random.seed(seed)
-    np.random.seed(np.random.SeedSequence([worker_id, base_seed]).generate_state(4))
+    np.random.seed(np.random.SeedSequence([worker, base_seed]).generate_state(4))
     torch = sys.modules.get("torch")
     if torch is not None:
         torch.manual_seed(seed)
@@ -104,6 +120,7 @@ def fetcher_for(config: WorkerConfig) -> MapFetcher | IterableFetcher:
         worker_id=config.worker_id,
         resume=config.replica_resume,
         timed=config.timed,
+        rank=config.rank,
     )
 
 
@@ -122,7 +139,10 @@ def run_worker(
     With `config.timed`, each Done carries the batch's timing (see stats).
     """
     global _process_info
-    info: WorkerInfo[Any] = WorkerInfo(config.worker_id, config.num_workers, config.seed, config.dataset)
+    info: WorkerInfo[Any] = WorkerInfo(
+        config.worker_id, config.num_workers, config.seed, config.dataset,
+        config.rank, config.world_size, config.local_rank,
+    )
     if config.thread:
         _thread_info.info = info
     else:
@@ -139,7 +159,7 @@ def run_worker(
     unreported = 0.0  # busy time no Done has carried yet: the last send, failed tasks
     try:
         if not config.thread:
-            seed_globals(config.base_seed, config.worker_id)
+            seed_globals(config.base_seed, config.worker_id, config.rank, config.num_workers)
         if config.worker_init_fn is not None:
             config.worker_init_fn(config.worker_id)
     except Exception as exc:
@@ -159,10 +179,10 @@ def run_worker(
             assert isinstance(message, Task)
             start = clock() if timed else 0.0
             if around_fetch is None:
-                reply = _serve(fetcher, message, init_error, label, iterable, config.thread, batch_seed)
+                reply = _serve(fetcher, message, init_error, label, iterable, config.thread, batch_seed, config.rank)
             else:
                 with around_fetch(message):
-                    reply = _serve(fetcher, message, init_error, label, iterable, config.thread, batch_seed)
+                    reply = _serve(fetcher, message, init_error, label, iterable, config.thread, batch_seed, config.rank)
             if timed and isinstance(reply, Done):
                 reply, start, unreported = with_work(reply, fetcher, unreported, start), clock(), 0.0
             send(reply)
@@ -191,13 +211,15 @@ def _serve(
     iterable: bool,
     thread: bool,
     batch_seed: int | None = None,
+    rank: int = 0,
 ) -> Reply:
-    """Fetch one task; `batch_seed` (the base seed, or None) seeds the global RNGs first."""
+    """Fetch one task; `batch_seed` (the base seed, or None) seeds the global RNGs first
+    (with the training `rank` mixed in)."""
     if init_error is not None:
         return Failed(task.task_id, init_error)
     try:
         if batch_seed is not None:
-            seed_batch_globals(batch_seed, task.epoch, task.batch)
+            seed_batch_globals(batch_seed, task.epoch, task.batch, rank)
         return Done(task.task_id, fetcher.fetch(task.index, task.epoch, task.batch))
     except EndOfStream:
         return Exhausted(task.task_id)

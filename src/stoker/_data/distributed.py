@@ -20,6 +20,53 @@ def _from_torch_distributed() -> tuple[int, int] | None:
     return dist.get_world_size(), dist.get_rank()
 
 
+def torch_distributed_world() -> int:
+    """torch.distributed's world size when it is initialised, else 0."""
+    found = _from_torch_distributed()
+    return found[0] if found is not None else 0
+
+
+def _draw_seed(flavour: str) -> int:
+    """A fresh seed from the flavour's global RNG (so `torch.manual_seed` / `np.random.seed`
+    on rank 0 makes it reproducible)."""
+    if flavour == "torch":
+        import torch
+
+        return int(torch.empty((), dtype=torch.int64).random_().item())
+    return int(np.random.randint(0, 2**63 - 1, dtype=np.int64))
+
+
+def agreed_seed(world_size: int | None = None, flavour: str = "numpy") -> int:
+    """One seed that every rank gets: drawn on rank 0 and broadcast when torch.distributed is
+    initialised (a collective: every rank must call it, in the same order), drawn here when
+    this is the only rank. A ValueError when `world_size` (default: WORLD_SIZE) says there are
+    other ranks but torch.distributed is not initialised: they could not agree."""
+    found = _from_torch_distributed()
+    if found is not None and found[0] > 1:
+        dist = sys.modules["torch.distributed"]
+        box = [_draw_seed(flavour) if found[1] == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        return int(box[0])  # type: ignore[arg-type]
+    world = found[0] if found is not None else (world_size if world_size is not None else _from_env("WORLD_SIZE", 1))
+    if world > 1:
+        raise ValueError(
+            f"seed=None needs torch.distributed initialised when there are {world} ranks "
+            "(WORLD_SIZE or num_replicas): without it the ranks cannot agree on a seed and their "
+            "shards would overlap; call torch.distributed.init_process_group first, or pass the "
+            "same seed=<int> on every rank"
+        )
+    return _draw_seed(flavour)
+
+
+def ranks() -> tuple[int, int, int | None]:
+    """(rank, world size, local rank) of this process: torch.distributed's when initialised,
+    else torchrun's RANK / WORLD_SIZE / LOCAL_RANK, else (0, 1, None)."""
+    found = _from_torch_distributed()
+    world, rank = found if found is not None else (_from_env("WORLD_SIZE", 1), _from_env("RANK", 0))
+    local = os.environ.get("LOCAL_RANK")
+    return rank, world, (_from_env("LOCAL_RANK", 0) if local not in (None, "") else None)
+
+
 def _from_env(name: str, default: int) -> int:
     raw = os.environ.get(name)
     if raw is None or raw == "":
@@ -35,6 +82,10 @@ class DistributedSampler(Sampler[int]):
 
     `num_replicas` and `rank` default to torch.distributed's world size and rank when it is
     initialised, else to the `WORLD_SIZE` and `RANK` environment variables, else 1 and 0.
+    `seed=None` (opt-in; the default stays 0, as in torch) draws one seed that all ranks share:
+    rank 0 draws it from the global RNG and broadcasts it, so shards are disjoint without
+    choosing a seed (this needs torch.distributed initialised when there are several ranks,
+    and makes the constructor a collective: build the sampler on every rank).
     Without `drop_last`, indices are repeated so every replica gets the same number; with it,
     the tail that does not divide evenly is dropped. Call `set_epoch` before each epoch.
     """
@@ -47,7 +98,7 @@ class DistributedSampler(Sampler[int]):
         num_replicas: int | None = None,
         rank: int | None = None,
         shuffle: bool = True,
-        seed: int = 0,
+        seed: int | None = 0,
         drop_last: bool = False,
     ) -> None:
         if num_replicas is None or rank is None:
@@ -72,7 +123,11 @@ class DistributedSampler(Sampler[int]):
             self.num_samples = math.ceil(n / num_replicas)
         self.total_size = self.num_samples * num_replicas
         self.shuffle = shuffle
-        self.seed = seed
+        if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)):
+            raise TypeError(f"seed should be an int or None, but got seed={seed!r}")
+        # a drawn seed is not part of the configuration: a state saved with it brings it back
+        self.seed_agreed = seed is None
+        self.seed = agreed_seed(num_replicas, type(self)._flavour) if seed is None else int(seed)
 
     def _order(self) -> list[int]:
         n = len(self.dataset)
