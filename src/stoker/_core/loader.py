@@ -652,7 +652,6 @@ class DataLoader(Generic[T_co]):
             warn_if_too_many_workers(self.num_workers, stacklevel=3)
 
 
-
 def _generator_from(seed: int, flavour: str) -> GeneratorLike:
     """A generator of the loader's flavour seeded with `seed`."""
     if flavour == "torch":

@@ -63,8 +63,8 @@ def ranks() -> tuple[int, int, int | None]:
     else torchrun's RANK / WORLD_SIZE / LOCAL_RANK, else (0, 1, None)."""
     found = _from_torch_distributed()
     world, rank = found if found is not None else (_from_env("WORLD_SIZE", 1), _from_env("RANK", 0))
-    local = os.environ.get("LOCAL_RANK")
-    return rank, world, (_from_env("LOCAL_RANK", 0) if local not in (None, "") else None)
+    local = _from_env("LOCAL_RANK", -1)
+    return rank, world, (local if local >= 0 else None)
 
 
 def _from_env(name: str, default: int) -> int:
