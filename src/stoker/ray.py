@@ -194,18 +194,40 @@ _RUNTIME_ENV_HINT = (
 # ------------------------------------------------------------------ the read task
 
 
-def _block(keys: list[int], payloads: list[bytes]) -> Any:
-    """An Arrow table of (key, pickled object) rows; the payloads are wrapped, not copied."""
+def _binary(data: Any) -> Any:
+    """A one-row Arrow large_binary array over `data` (bytes-like), not copied."""
     import numpy as np
     import pyarrow as pa
 
-    offsets = np.zeros(len(payloads) + 1, np.int64)
-    np.cumsum([len(p) for p in payloads], out=offsets[1:])
-    data = payloads[0] if len(payloads) == 1 else b"".join(payloads)
-    column = pa.LargeBinaryArray.from_buffers(
-        pa.large_binary(), len(payloads), [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    offsets = pa.py_buffer(np.array([0, memoryview(data).nbytes], np.int64))
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(data)])
+
+
+def _block(keys: list[int], payloads: list[bytes]) -> Any:
+    """An Arrow table of (key, pickled sample) rows: to_ray_dataset's rows."""
+    import pyarrow as pa
+
+    data = pa.chunked_array([_binary(p) for p in payloads], pa.large_binary())
+    return pa.table({"key": pa.array(keys, pa.int64()), "data": data})
+
+
+def _batch_block(position: int, batch: Any) -> Any:
+    """An Arrow table of one batch: a row for the pickle of its structure, then a row for each
+    of its array buffers (pickle protocol 5, out of band). The buffers are wrapped, not copied:
+    the one copy is Ray's, into the object store (an in-band pickle.dumps of a 9.6 MB batch
+    took 6.9 ms here, against 0.6 ms for its collate)."""
+    import pyarrow as pa
+
+    buffers: list[pickle.PickleBuffer] = []
+    header = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
+    parts = [header, *(b.raw() for b in buffers)]
+    return pa.table(
+        {
+            "key": pa.array([position] * len(parts), pa.int64()),
+            "part": pa.array(range(len(parts)), pa.int32()),
+            "data": pa.chunked_array([_binary(p) for p in parts], pa.large_binary()),
+        }
     )
-    return pa.table({"key": pa.array(keys, pa.int64()), "data": column})
 
 
 def _failure(where: str, exc: BaseException) -> _TaskFailure:
@@ -298,7 +320,7 @@ def _read(
                 )
             yield _block(list(indices), [pickle.dumps(s, protocol=5) for s in made])
         else:
-            yield _block([position], [pickle.dumps(made, protocol=5)])
+            yield _batch_block(position, made)
 
 
 class _Units:
@@ -357,7 +379,8 @@ def _make_source(plan: _Units) -> Any:
         def get_read_tasks(self, parallelism: int, *args: Any, **kwargs: Any) -> list[Any]:
             tasks = []
             for units in plan.tasks:
-                rows = sum(len(i) for _, i in units) if plan.per_sample else len(units)
+                # a batch's rows: its structure and its buffers, known once it is made
+                rows = sum(len(i) for _, i in units) if plan.per_sample else None
                 metadata = BlockMetadata(num_rows=rows, size_bytes=None, input_files=None, exec_stats=None)
                 read = functools.partial(
                     _read, plan.ref, plan.described, units, plan.base_seed, plan.epoch, plan.collate_fn, plan.per_sample
@@ -450,6 +473,38 @@ def _rows(table: Any) -> Iterator[tuple[int, Any]]:
         for i in range(len(chunk)):
             yield keys[k], chunk[i].as_buffer()
             k += 1
+
+
+class _BatchRows:
+    """Turns blocks of `_batch_block` rows back into batches; a batch whose rows Ray split over
+    two blocks is finished with the next block."""
+
+    def __init__(self) -> None:
+        self.pending: list[Any] = []
+        self.position = -1
+
+    def _made(self) -> tuple[int, Any]:
+        header, *buffers = self.pending
+        self.pending = []
+        # each array buffer is copied once, out of the object store: the batch is writable
+        # and owns its memory
+        return self.position, pickle.loads(header, buffers=[bytearray(b) for b in buffers])
+
+    def feed(self, table: Any) -> Iterator[tuple[int, Any]]:
+        """The batches (position, batch) that `table` completes."""
+        parts = table.column("part").to_pylist()
+        for (key, payload), part in zip(_rows(table), parts):
+            if part == 0:
+                if self.pending:
+                    yield self._made()
+                self.pending, self.position = [payload], key
+            else:
+                self.pending.append(payload)
+
+    def finish(self) -> Iterator[tuple[int, Any]]:
+        """The last batch, at the end of the stream."""
+        if self.pending:
+            yield self._made()
 
 
 def decode(value: Any) -> Any:
@@ -643,26 +698,30 @@ class DataLoader:
         blocks = iter(
             dataset.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=self.prefetch_batches)
         )
+        rows = _BatchRows()
         try:
             while True:
                 try:
                     table = next(blocks)
+                    made = rows.feed(table)
                 except StopIteration:
-                    break
+                    made = rows.finish()
+                    table = None
                 except Exception as exc:
                     explained = _explained(exc)
                     if explained is None:
                         raise
                     raise explained from exc
-                for position, payload in _rows(table):
+                for position, batch in made:
                     if self.in_order and position != expected:
                         raise RuntimeError(
                             f"stoker.ray: expected the batch at position {expected}, Ray Data delivered {position}"
                         )
-                    batch = pickle.loads(payload)
                     expected += 1
                     self._position += 1
                     yield batch
+                if table is None:
+                    break
         finally:
             close = getattr(blocks, "close", None)
             if close is not None:
@@ -772,18 +831,19 @@ class StreamingSplit:
 
     def __iter__(self) -> Iterator[Any]:
         blocks = iter(self._iterator.iter_batches(batch_size=None, batch_format="pyarrow"))
+        rows = _BatchRows()
         while True:
             try:
                 table = next(blocks)
             except StopIteration:
+                yield from (batch for _, batch in rows.finish())
                 return
             except Exception as exc:
                 explained = _explained(exc)
                 if explained is None:
                     raise
                 raise explained from exc
-            for _, payload in _rows(table):
-                yield pickle.loads(payload)
+            yield from (batch for _, batch in rows.feed(table))
 
     def state_dict(self) -> dict[str, Any]:
         """Always raises ValueError: which batches a split got depends on timing."""

@@ -30,7 +30,8 @@ def report(two_nodes):
 
 def test_table_gives_rates_ratios_start_up_and_memory():
     text = raybench.table(report({"cluster_start_s": 9.0, "samples": 2560, "wall_s": 2.0, "samples_per_s": 1280.0,
-                                  "rank_rates": [700.0, 650.0], "rank_first_batch_s": [1.0, 1.1]}))
+                                  "rank_rates": [700.0, 650.0], "rank_first_batch_s": [1.0, 1.1],
+                                  "cold_first_batch_s": [4.0, 4.5]}))
     lines = text.splitlines()
     ray_row = next(line for line in lines if line.strip().startswith("stoker.ray "))
     assert "1,800 (1,700-1,900)" in ray_row and "0.90x" in ray_row

@@ -176,3 +176,44 @@ def test_import_stoker_never_imports_ray():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def assert_same(got, want):
+    """Equal, with the same types all the way down (and the same dtype and shape for arrays)."""
+    import numpy as np
+
+    assert type(got) is type(want)
+    if isinstance(want, np.ndarray):
+        assert (got.dtype, got.shape) == (want.dtype, want.shape)
+        assert np.array_equal(got, want)
+    elif isinstance(want, dict):
+        assert list(got) == list(want)
+        for key in want:
+            assert_same(got[key], want[key])
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert_same(g, w)
+    else:
+        assert got == want
+
+
+def test_batch_rows_rebuild_batches_exactly_even_split_over_blocks():
+    pa = pytest.importorskip("pyarrow")
+    import numpy as np
+
+    batches = [
+        {"image": np.arange(24, dtype=np.uint8).reshape(2, 3, 4), "label": np.array([1, 2]), "name": ["a", "b"]},
+        (np.ones((3, 2), np.float32), "text", None),
+        [np.zeros(0), np.arange(5)[::2]],  # an empty array, and a non-contiguous one (in band)
+    ]
+    tables = [sray._batch_block(position, batch) for position, batch in enumerate(batches)]
+    whole = pa.concat_tables(tables)
+    cut = 3  # inside the first batch's rows: Ray may hand a block over in two pieces
+    pieces = [whole.slice(0, cut), whole.slice(cut)]
+    rows = sray._BatchRows()
+    got = [made for piece in pieces for made in rows.feed(piece)] + list(rows.finish())
+    assert [position for position, _ in got] == [0, 1, 2]
+    for (_, batch), want in zip(got, batches):
+        assert_same(batch, want)
+    assert got[0][1]["image"].flags.writeable and got[1][1][0].flags.writeable
