@@ -10,8 +10,8 @@ initialises torch.distributed with the gloo backend on loopback. Modes:
 - train: reads batches in lock-step with the other ranks (a barrier per step, as gradient
   all-reduce would), saves `loader.state_dict()` after each step, and SIGKILLs itself after
   step KILL_AT (its workers must go with it).
-- resume: loads the state saved by rank STATE_FROM ("own": its own rank's) of the killed run
-  and reads to the end.
+- resume: loads the state saved by rank STATE_FROM ("own": its own rank's) of the killed run,
+  reads to the end and writes what it read to OUT/<RESUMED_AS><rank>.json.
 """
 
 from __future__ import annotations
@@ -136,7 +136,9 @@ def main() -> None:
             for step, batch in enumerate(loader, start=1):
                 seen += [int(i) for i in batch["i"]]
                 dist.barrier()
-                _write(out / f"state{rank}.json", {"state": loader.state_dict(), "seen": seen})
+                _write(out / f"state{rank}.json", {
+                    "state": loader.state_dict(), "seen": seen, "sampler_seed": loader.sampler.seed,
+                })
                 dist.barrier()
                 if step == kill_at:
                     os.kill(os.getpid(), signal.SIGKILL)
@@ -146,7 +148,7 @@ def main() -> None:
             loader = _loader(Recorded())
             loader.load_state_dict(saved["state"])
             samples = [row for batch in loader for row in _rows(batch)]
-            _write(out / f"resumed{rank}.json", {"samples": samples})
+            _write(out / f"{os.environ['RESUMED_AS']}{rank}.json", {"samples": samples})
         else:
             raise SystemExit(f"unknown mode {mode!r}")
     finally:

@@ -99,8 +99,8 @@ def _read(out: Path, name: str, world: int) -> list[dict[str, Any]]:
     return [json.loads((out / f"{name}{rank}.json").read_text()) for rank in range(world)]
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_ranks_share_out_the_dataset_and_agree_on_seeds(world: int, tmp_path: Path) -> None:
+def test_three_ranks_share_out_the_dataset_and_agree_on_seeds(tmp_path: Path) -> None:
+    world = 3
     codes = _run_world(world, "cover", tmp_path, RANK_TEST_OUT=str(tmp_path))
     assert codes == [0] * world
     ranks = _read(tmp_path, "cover", world)
@@ -130,25 +130,26 @@ def test_ranks_share_out_the_dataset_and_agree_on_seeds(world: int, tmp_path: Pa
     _no_rank_processes_left(tmp_path)
 
 
-@pytest.mark.parametrize("new_world", [2, 3])
-def test_resume_after_every_rank_was_killed(new_world: int, tmp_path: Path) -> None:
+def test_two_ranks_killed_then_resumed_by_two_and_by_three(tmp_path: Path) -> None:
     kill_at = 3  # of 6 batches per rank with 2 ranks
     codes = _run_world(2, "train", tmp_path, KILL_AT=str(kill_at), RANK_TEST_OUT=str(tmp_path))
     assert codes == [-9, -9]
     _no_rank_processes_left(tmp_path)  # the workers went with their rank
     saved = _read(tmp_path, "state", 2)
+    assert saved[0]["sampler_seed"] == saved[1]["sampler_seed"]  # seed=None, agreed
     consumed = [i for s in saved for i in s["seen"]]
-    assert len(consumed) == 2 * kill_at * 4
+    assert len(consumed) == len(set(consumed)) == 2 * kill_at * 4  # disjoint shards
 
     # the same world size resumes each rank from its own state; another one from any rank's
     # (rank 0's here): the samples no old rank consumed, split over the new ranks
-    state_from = "own" if new_world == 2 else "0"
-    _run_world(new_world, "resume", tmp_path, STATE_FROM=state_from, RANK_TEST_OUT=str(tmp_path))
-    resumed = _read(tmp_path, "resumed", new_world)
-    rest = [[s["i"] for s in r["samples"]] for r in resumed]
-    assert sorted(consumed + [i for part in rest for i in part]) == list(range(N))
-    assert all(len(part) == (N - len(consumed)) // new_world for part in rest)
-    _no_rank_processes_left(tmp_path)
+    for new_world, state_from in ((2, "own"), (3, "0")):
+        name = f"resumed-by-{new_world}-"
+        _run_world(new_world, "resume", tmp_path, STATE_FROM=state_from, RESUMED_AS=name,
+                   RANK_TEST_OUT=str(tmp_path))
+        rest = [[s["i"] for s in r["samples"]] for r in _read(tmp_path, name, new_world)]
+        assert sorted(consumed + [i for part in rest for i in part]) == list(range(N)), new_world
+        assert all(len(part) == (N - len(consumed)) // new_world for part in rest)
+        _no_rank_processes_left(tmp_path)
 
 
 def test_the_readme_torchrun_example_runs(tmp_path: Path) -> None:
