@@ -53,10 +53,12 @@ def test_read_task_count_rule():
     # a user's number wins, bounded by the units
     assert sray.read_task_count(10, 2, requested=3) == 3
     assert sray.read_task_count(2, 2, requested=8) == 2
-    # default: TASKS_PER_CPU per CPU, at least MIN_UNITS_PER_TASK units each
-    assert sray.read_task_count(1000, 2) == sray.TASKS_PER_CPU * 2
-    assert sray.read_task_count(1000, 16) == sray.TASKS_PER_CPU * 16
-    assert sray.read_task_count(sray.MIN_UNITS_PER_TASK * 2, 64) == 2
+    # default: one task per UNITS_PER_TASK units, at least one per CPU, at most one per unit
+    per = sray.UNITS_PER_TASK
+    assert sray.read_task_count(per * 100, 2) == 100
+    assert sray.read_task_count(per * 100 + 1, 2) == 101
+    assert sray.read_task_count(per * 4, 16) == 16
+    assert sray.read_task_count(3, 16) == 3
     assert sray.read_task_count(1, 64) == 1
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="read_tasks"):

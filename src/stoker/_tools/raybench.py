@@ -2,11 +2,13 @@
 
 1. One node, Ray given 2 CPUs (`ray.init(num_cpus=2)` in this process): `stoker.ray.DataLoader`
    against `stoker.DataLoader(num_workers=2)` and `torch.utils.data.DataLoader(num_workers=2)`,
-   repetitions interleaved. Each run is one epoch of a fresh loader; its rate is the samples
-   after the first batch over the time after it (the same rule for all three), and its start-up
-   the time to the first batch (for stoker.ray, the first run's includes `ray.init`). While the
-   stoker.ray runs go, a thread samples the memory of Ray's processes (RSS and USS, summed) and
-   the object store's use. Then stoker.ray with several numbers of read tasks (how
+   repetitions interleaved. Each run is one epoch of a fresh loader, with two rates (the same
+   rules for all three): the whole epoch's (samples over the time from `iter()` to the last
+   batch) and the rate after the first batch (which flatters a loader whose first batch comes
+   late, as Ray's does: its read tasks have run ahead meanwhile); and its start-up, the time to
+   the first batch (for stoker.ray, the first run's includes `ray.init`). While the stoker.ray
+   runs go, a thread samples the memory of Ray's processes (RSS and USS, summed) and the object
+   store's use. Then stoker.ray with read tasks of several sizes (how
    `stoker.ray.read_task_count` was chosen).
 2. Two ranks on a two-node cluster (one CPU each) inside a loopback-only network namespace
    (`unshare --net`, as tests/ray does), each rank a thread of one driver iterating its own
@@ -31,9 +33,10 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 BATCH = 64
-SAMPLES = 2560  # 40 batches, 385 MB an epoch
-QUICK_SAMPLES = 640
-READ_TASK_CHOICES = (1, 2, 4, 8, 16)
+SAMPLES = 5120  # 80 batches, 770 MB an epoch
+TWO_NODE_SAMPLES = 2560  # 40 batches: Ray's objects cross between the nodes over loopback TCP
+QUICK_SAMPLES = 1280
+BATCHES_PER_TASK_CHOICES = (5, 20, 80)
 NAMESPACE = ["unshare", "--net", "--pid", "--fork", "--mount-proc", "--kill-child", "--"]
 TWO_NODE_TIMEOUT_S = 150
 RAY_NAMES = ("raylet", "gcs_server", "ray::", "default_worker", "log_monitor", "dashboard")
@@ -49,8 +52,8 @@ def missing() -> str | None:
     return None
 
 
-def _epoch(batches: Iterable[Any]) -> tuple[float, float, int]:
-    """(seconds to the first batch, samples/s after it, samples) of one pass."""
+def _epoch(batches: Iterable[Any]) -> tuple[float, float, int, float]:
+    """(seconds to the first batch, samples/s after it, samples, seconds in all) of one pass."""
     begun = time.perf_counter()
     first = 0.0
     count = 0
@@ -63,7 +66,7 @@ def _epoch(batches: Iterable[Any]) -> tuple[float, float, int]:
             after += n
         count += n
     end = time.perf_counter()
-    return first - begun, after / max(end - first, 1e-9), count
+    return first - begun, after / max(end - first, 1e-9), count, end - begun
 
 
 class MemoryWatch:
@@ -131,6 +134,18 @@ def shm_used() -> int:
     return (stat.f_blocks - stat.f_bfree) * stat.f_frsize
 
 
+def quiet_ray_data() -> None:
+    """No progress bars or per-dataset log lines from Ray Data in the bench's output."""
+    import logging
+
+    import ray.data
+
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.print_on_execution_start = False
+
+
 def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -157,6 +172,7 @@ def one_node(samples: int, reps: int, with_torch: bool) -> dict[str, Any]:
             dataset, batch_size=BATCH, num_workers=2
         )
     rates: dict[str, list[float]] = {name: [] for name in loaders}
+    epoch_rates: dict[str, list[float]] = {name: [] for name in loaders}
     firsts: dict[str, list[float]] = {name: [] for name in loaders}
     watch = MemoryWatch()
     begun = time.perf_counter()
@@ -169,6 +185,7 @@ def one_node(samples: int, reps: int, with_torch: bool) -> dict[str, Any]:
         configure_logging=False,
     )
     init_s = time.perf_counter() - begun
+    quiet_ray_data()
     try:
         with watch:
             first_ray = None
@@ -176,7 +193,7 @@ def one_node(samples: int, reps: int, with_torch: bool) -> dict[str, Any]:
                 for name, make in loaders.items():
                     if name == "stoker.ray":
                         watch.active.set()
-                    first_s, rate, count = _epoch(make())
+                    first_s, rate, count, total_s = _epoch(make())
                     watch.sample()
                     watch.active.clear()
                     if count != samples:
@@ -184,11 +201,14 @@ def one_node(samples: int, reps: int, with_torch: bool) -> dict[str, Any]:
                     if name == "stoker.ray" and first_ray is None:
                         first_ray = init_s + first_s  # the very first includes ray.init
                     rates[name].append(rate)
+                    epoch_rates[name].append(count / total_s)
                     firsts[name].append(first_s)
         tasks: dict[int, float] = {}
-        for count in READ_TASK_CHOICES:
-            _, rate, _ = _epoch(sray.DataLoader(dataset, batch_size=BATCH, seed=0, read_tasks=count))
-            tasks[count] = rate
+        batches = samples // BATCH
+        for per_task in BATCHES_PER_TASK_CHOICES:
+            count = max(1, batches // per_task)
+            _, _, done, total_s = _epoch(sray.DataLoader(dataset, batch_size=BATCH, seed=0, read_tasks=count))
+            tasks[count] = done / total_s
         cpus = float(ray.cluster_resources().get("CPU", 0))
     finally:
         ray.shutdown()
@@ -197,12 +217,13 @@ def one_node(samples: int, reps: int, with_torch: bool) -> dict[str, Any]:
         "samples": samples,
         "reps": reps,
         "rates": rates,
+        "epoch_rates": epoch_rates,
         "first_batch_s": firsts,
         "ray_init_s": init_s,
         "ray_first_batch_with_init_s": first_ray,
         "memory": {"rss": watch.rss, "uss": watch.uss, "object_store": watch.store},
         "read_tasks": {str(k): v for k, v in tasks.items()},
-        "default_read_tasks": sray.read_task_count(samples // BATCH, cpus),
+        "default_read_tasks": sray.read_task_count(batches, cpus),
     }
 
 
@@ -233,9 +254,10 @@ def two_ranks_in_namespace(samples: int) -> dict[str, Any]:
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, _node_ip_address="127.0.0.1", log_to_driver=False)
     start_s = time.perf_counter() - begun
+    quiet_ray_data()
     dataset = Images(samples)
     try:
-        results: dict[int, tuple[float, float, int]] = {}
+        results: dict[int, tuple[float, float, int, float]] = {}
         errors: list[str] = []
 
         firsts: dict[int, float] = {}
@@ -315,7 +337,7 @@ def run(quick: bool = False, with_torch: bool = True) -> dict[str, Any]:
     samples = QUICK_SAMPLES if quick else SAMPLES
     return {
         "one_node": one_node(samples, 1 if quick else 3, with_torch),
-        "two_nodes": two_nodes(samples),
+        "two_nodes": two_nodes(QUICK_SAMPLES if quick else TWO_NODE_SAMPLES),
     }
 
 
@@ -327,17 +349,27 @@ def table(report: dict[str, Any]) -> str:
     """The Ray rows as text."""
     one = report["one_node"]
     rates = one["rates"]
+    epochs = one["epoch_rates"]
     torch_name = "torch.utils.data (2 workers)"
+    torch_epoch = _median(epochs[torch_name]) if torch_name in epochs else None
     torch_rate = _median(rates[torch_name]) if torch_name in rates else None
     lines = [
         f"Ray: W2 images (3x224x224 uint8, batch {BATCH}), {one['samples']:,} samples an epoch, "
         f"one node with Ray given 2 CPUs, {one['reps']} reps (median, min-max)",
-        f"  {'loader':32}{'samples/s':>26}{'vs torch':>10}{'first batch':>13}",
+        f"  {'loader':30}{'epoch samples/s':>26}{'vs torch':>9}{'after 1st batch':>26}{'vs torch':>9}"
+        f"{'first batch':>12}",
     ]
-    for name, values in rates.items():
-        ratio = f"{_median(values) / torch_rate:.2f}x" if torch_rate else "-"
+
+    def cells(values: list[float], reference: float | None) -> str:
+        ratio = f"{_median(values) / reference:.2f}x" if reference else "-"
         spread = f"{_median(values):,.0f} ({min(values):,.0f}-{max(values):,.0f})"
-        lines.append(f"  {name:32}{spread:>26}{ratio:>10}{_median(one['first_batch_s'][name]):>12.2f}s")
+        return f"{spread:>26}{ratio:>9}"
+
+    for name in rates:
+        lines.append(
+            f"  {name:30}{cells(epochs[name], torch_epoch)}{cells(rates[name], torch_rate)}"
+            f"{_median(one['first_batch_s'][name]):>11.2f}s"
+        )
     memory = one["memory"]
     lines.append(
         f"  stoker.ray start-up: ray.init {one['ray_init_s']:.2f} s; first batch of the first loader "
@@ -348,7 +380,10 @@ def table(report: dict[str, Any]) -> str:
         f"object store at most {_mb(memory['object_store'])} in use"
     )
     tasks = ", ".join(f"{k}: {v:,.0f}" for k, v in one["read_tasks"].items())
-    lines.append(f"  stoker.ray samples/s by read tasks ({tasks}); the default here: {one['default_read_tasks']}")
+    lines.append(
+        f"  stoker.ray epoch samples/s by number of read tasks ({tasks}); the default here: "
+        f"{one['default_read_tasks']}"
+    )
     two = report["two_nodes"]
     if "skipped" in two:
         lines.append(f"Ray, two ranks on a two-node loopback cluster: skipped ({two['skipped']})")
