@@ -549,11 +549,8 @@ def _resolve_seed(seed: int | None, world_size: int) -> tuple[int, bool]:
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise ValueError(f"seed should be an integer or None, but got seed={seed!r}")
         return seed, False
-    from ._data import distributed
+    from ._data.distributed import agreed_seed
 
-    agreed_seed = getattr(distributed, "agreed_seed", None)
-    if agreed_seed is None:  # until stoker._data.distributed.agreed_seed lands
-        return 0, True
     return int(agreed_seed(world_size)), True
 
 
@@ -574,7 +571,8 @@ class DataLoader:
     `stoker.torch.default_collate` for torch tensors) inside the read tasks.
 
     `seed=None` asks `stoker._data.distributed.agreed_seed(world_size)` for one seed all ranks
-    share. `stoker.sample_rng()` in the dataset draws what it draws under
+    share (broadcast from rank 0 when torch.distributed is initialised; a fresh one when
+    world_size is 1; a ValueError otherwise); a state loaded into such a loader brings its seed. `stoker.sample_rng()` in the dataset draws what it draws under
     `stoker.DataLoader(..., generator=seed, persistent_workers=True)` over the same sampler
     with set_epoch(epoch) = the loader's epoch count.
 

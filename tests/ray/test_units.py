@@ -219,3 +219,15 @@ def test_batch_rows_rebuild_batches_exactly_even_split_over_blocks():
     for (_, batch), want in zip(got, batches):
         assert_same(batch, want)
     assert got[0][1]["image"].flags.writeable and got[1][1][0].flags.writeable
+
+
+def test_seed_none_is_agreed():
+    one = sray.DataLoader(Indexed(8), batch_size=2)  # a single rank draws a fresh seed
+    other = sray.DataLoader(Indexed(8), batch_size=2)
+    assert isinstance(one.seed, int) and one.seed != other.seed
+    with pytest.raises(ValueError, match=r"torch\.distributed"):
+        sray.DataLoader(Indexed(8), batch_size=2, world_size=2)  # ranks that cannot agree
+    # a state brings the saved run's seed into a loader made with seed=None
+    saved = sray.DataLoader(Indexed(8), batch_size=2, seed=123)
+    other.load_state_dict(saved.state_dict())
+    assert other.seed == 123
