@@ -25,6 +25,7 @@ def report(two_nodes):
                               "torch.utils.data (2 workers)": [0.2] * 3},
             "ray_init_s": 3.5,
             "ray_first_batch_with_init_s": 5.25,
+            "ray_cold_epoch_s": 6.5,
             "memory": {"rss": 900e6, "uss": 400e6, "object_store": 120e6},
             "read_tasks": {"1": 1000.0, "4": 1800.0},
             "default_read_tasks": 4,
@@ -43,7 +44,7 @@ def test_table_gives_rates_ratios_start_up_and_memory():
     assert "1,800 (1,700-1,900)" in ray_row and "0.90x" in ray_row  # after the first batch
     assert "1.00x" in next(line for line in lines if line.strip().startswith("torch.utils.data"))
     assert "1.25x" in next(line for line in lines if line.strip().startswith("stoker (2 workers)"))
-    assert "ray.init 3.50 s" in text and "5.25 s" in text
+    assert "ray.init 3.50 s" in text and "5.25 s" in text and "6.50 s" in text
     assert "900 MB RSS" in text and "400 MB USS" in text and "120 MB in use" in text
     assert "1: 1,000, 4: 1,800" in text and "the default here: 4" in text
     assert "1,280 samples/s together" in text and "cluster start 9.0 s" in text
