@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._core.fetch import fetches_batches
-from ._core.seeding import BATCH, SAMPLE, FetchScope, enter, leave
+from ._core.seeding import BATCH, SAMPLE, FetchScope, batch_key, enter, leave
 from ._data.collate import default_collate
 from ._data.distributed import DistributedSampler
 from ._data.rng import RandomSource
@@ -251,15 +251,17 @@ def _fetch(
     base_seed: int,
     epoch: int,
     collate_fn: Callable[[list[Any]], Any] | None,
+    rank: int = 0,
 ) -> Any:
     """One batch as stoker's MapFetcher makes it: each sample under its own seeding scope
-    (SAMPLE, index), or the whole batch under (BATCH, position) for a user's __getitems__;
-    the collate_fn under (BATCH, position)."""
+    (SAMPLE, index), or the whole batch under (BATCH, position, with the rank) for a user's
+    __getitems__; the collate_fn under (BATCH, position, with the rank)."""
+    key = batch_key(position, rank)
     scope = FetchScope(base_seed, epoch)
     previous = enter(scope)
     try:
         if getitems is not None:
-            scope.at(BATCH, position)
+            scope.at(BATCH, key)
             try:
                 samples = list(getitems(indices))
             except Exception as exc:
@@ -275,7 +277,7 @@ def _fetch(
                     raise _failure(f"sample index {i}", exc) from None
         if collate_fn is None:
             return samples
-        scope.at(BATCH, position)
+        scope.at(BATCH, key)
         try:
             return collate_fn(samples)
         except Exception as exc:
@@ -307,13 +309,14 @@ def _read(
     epoch: int,
     collate_fn: Callable[[list[Any]], Any] | None,
     per_sample: bool,
+    rank: int = 0,
 ) -> Iterator[Any]:
     """A read task: each unit (position, indices) fetched and pickled; one block per unit
     (so that the driver can take each batch as soon as it is made)."""
     dataset = _get_dataset(ref, described)
     getitems = dataset.__getitems__ if fetches_batches(dataset) else None
     for position, indices in units:
-        made = _fetch(dataset, getitems, indices, position, base_seed, epoch, collate_fn)
+        made = _fetch(dataset, getitems, indices, position, base_seed, epoch, collate_fn, rank)
         if per_sample:
             if len(made) != len(indices):
                 raise _TaskFailure(
@@ -337,6 +340,7 @@ class _Units:
         epoch: int,
         collate_fn: Callable[[list[Any]], Any] | None,
         per_sample: bool,
+        rank: int = 0,
     ) -> None:
         self.ref = ref
         self.described = described
@@ -345,6 +349,7 @@ class _Units:
         self.epoch = epoch
         self.collate_fn = collate_fn
         self.per_sample = per_sample
+        self.rank = rank  # mixed into batch-level seeds, as in stoker's own workers
 
 
 def _batch_tasks(units: list[tuple[int, list[int]]], tasks: int) -> list[list[tuple[int, list[int]]]]:
@@ -384,7 +389,8 @@ def _make_source(plan: _Units) -> Any:
                 rows = sum(len(i) for _, i in units) if plan.per_sample else None
                 metadata = BlockMetadata(num_rows=rows, size_bytes=None, input_files=None, exec_stats=None)
                 read = functools.partial(
-                    _read, plan.ref, plan.described, units, plan.base_seed, plan.epoch, plan.collate_fn, plan.per_sample
+                    _read, plan.ref, plan.described, units, plan.base_seed, plan.epoch, plan.collate_fn,
+                    plan.per_sample, plan.rank,
                 )
                 tasks.append(ReadTask(read, metadata))
             return tasks
@@ -656,10 +662,9 @@ class DataLoader:
             elastic=self._elastic,
         )
 
-    def __len__(self) -> int:
-        """This rank's batches in the current epoch (the rest of an elastic epoch, when one is
-        being resumed)."""
-        sampler = _sampler(
+    def _rank_sampler(self) -> DistributedSampler:
+        """This rank's DistributedSampler (at epoch 0)."""
+        return _sampler(
             len(self.dataset),
             shuffle=self.shuffle,
             seed=self.seed,
@@ -667,6 +672,11 @@ class DataLoader:
             world_size=self.world_size,
             drop_last=self.drop_last,
         )
+
+    def __len__(self) -> int:
+        """This rank's batches in the current epoch (the rest of an elastic epoch, when one is
+        being resumed)."""
+        sampler = self._rank_sampler()
         if self._elastic is not None:
             sampler.resume_elastic(*self._elastic)
         return len(BatchSampler(sampler, self.batch_size, self.drop_last))
@@ -687,7 +697,8 @@ class DataLoader:
         units = list(enumerate(batches))[start:]
         tasks = _batch_tasks(units, read_task_count(len(units), _cluster_cpus(), self.read_tasks))
         plan = _Units(
-            self._ref, _describe_type(self.dataset), tasks, base_seed_of(self.seed), self.epoch, self.collate_fn, False
+            self._ref, _describe_type(self.dataset), tasks, base_seed_of(self.seed), self.epoch, self.collate_fn, False,
+            self.rank,
         )
         yield from self._deliver(_ray_dataset(plan, self.in_order), start)
 
@@ -727,14 +738,7 @@ class DataLoader:
 
     # -------------------------------------------------------------- state
     def _config(self) -> dict[str, Any]:
-        sampler = _sampler(
-            len(self.dataset),
-            shuffle=self.shuffle,
-            seed=self.seed,
-            rank=self.rank,
-            world_size=self.world_size,
-            drop_last=self.drop_last,
-        )
+        sampler = self._rank_sampler()
         return {
             "dataset_length": len(self.dataset),
             "batch_size": self.batch_size,

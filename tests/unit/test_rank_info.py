@@ -152,3 +152,31 @@ def test_local_rank_picks_the_device(torchrun: Any) -> None:
     assert default_device() == "cuda:2"
     assert local_device_index(4) == 2
     assert local_device_index(2) is None  # LOCAL_RANK names no device here: the current one
+
+
+class Draws(stoker.Dataset):
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> int:
+        return stoker.sample_seed()
+
+
+def _batch_seed(samples: list[int]) -> tuple[int, list[int]]:
+    return stoker.sample_seed(), samples  # the collate_fn's draw is batch-level
+
+
+def test_batch_level_seeds_mix_in_the_rank_and_sample_seeds_do_not(torchrun: Any) -> None:
+    def run(workers: int) -> list[tuple[int, list[int]]]:
+        loader = stoker.DataLoader(Draws(), batch_size=4, generator=7, collate_fn=_batch_seed,
+                                   num_workers=workers, thread_pool=workers > 0)
+        return list(loader)
+
+    alone = run(0)
+    torchrun(0, 2)
+    assert run(0) == alone == run(2)  # rank 0: as without ranks, whatever the workers
+    torchrun(1, 2)
+    on_rank_1 = run(0)
+    assert run(2) == on_rank_1
+    assert [samples for _, samples in on_rank_1] == [samples for _, samples in alone]
+    assert all(a != b for (a, _), (b, _) in zip(alone, on_rank_1))

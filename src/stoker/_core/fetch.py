@@ -14,7 +14,7 @@ from typing import Any
 
 from .._data.datasets import StackDataset, Subset
 from .protocol import ReplicaBatch
-from .seeding import BATCH, ITEM, SAMPLE, FetchScope, enter, leave
+from .seeding import BATCH, ITEM, SAMPLE, FetchScope, batch_key, enter, leave
 from .stats import clock
 
 
@@ -65,11 +65,13 @@ class MapFetcher:
         collate_fn: Callable[[Any], Any],
         base_seed: int = 0,
         timed: bool = False,
+        rank: int = 0,
     ) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
         self.collate_fn = collate_fn
         self.base_seed = base_seed
+        self.rank = rank
         self.timed = timed
         self.timing: tuple[int, float, float] = (0, 0.0, 0.0)  # the last fetch's (samples, fetch_s, collate_s)
         self._getitems = (
@@ -80,6 +82,7 @@ class MapFetcher:
         """A new epoch; map-style fetching keeps no state."""
 
     def fetch(self, index: Any, epoch: int = 0, batch: int = 0) -> Any:
+        batch = batch_key(batch, self.rank)
         scope = FetchScope(self.base_seed, epoch)
         previous = enter(scope)
         timed = self.timed
@@ -143,6 +146,7 @@ class IterableFetcher:
         # what this replica's item seeds are keyed by: ranks share the base seed, and their
         # replicas make different items
         self.worker_id: Any = worker_id if rank == 0 else (worker_id, rank)
+        self.rank = rank
         self.timed = timed
         self.timing: tuple[int, float, float] = (0, 0.0, 0.0)  # the last fetch's (samples, fetch_s, collate_s)
         self._iterator: Iterator[Any] | None = None
@@ -164,7 +168,7 @@ class IterableFetcher:
         scope = FetchScope(self.base_seed, epoch)
         previous = enter(scope)
         try:
-            made = self._fetch(scope, count, batch)
+            made = self._fetch(scope, count, batch_key(batch, self.rank))
         finally:
             leave(previous)
         if self.stateful:
@@ -242,7 +246,7 @@ def make_fetcher(
     derive from (see seeding); `resume` is an iterable replica's saved (state, items drawn);
     `timed` keeps each fetch's `timing`."""
     if dataset_kind == "map":
-        return MapFetcher(dataset, auto_collation, collate_fn, base_seed, timed)
+        return MapFetcher(dataset, auto_collation, collate_fn, base_seed, timed, rank)
     return IterableFetcher(
         dataset, auto_collation, collate_fn, drop_last, base_seed, worker_id, resume, timed, rank
     )

@@ -10,7 +10,7 @@ number (`Task.epoch`) and a key, under a constant tag that keeps the kinds apart
       tag      key                         when
       SAMPLE   the sample's index          map-style, while `dataset[index]` runs
       BATCH    the batch's position        `__getitems__(indices)` of the whole batch, and
-                                           the collate_fn (every dataset kind)
+               (and rank, if not 0)        the collate_fn (every dataset kind)
       ITEM     (worker id, items drawn)    iterable: while the replica makes its next item;
                (worker id,)                while `iter(dataset)` runs
 
@@ -86,6 +86,13 @@ def seed_sequence(tag: int, base_seed: int, epoch: int, key: Any) -> np.random.S
     _encode(epoch, words)
     _encode(key, words)
     return np.random.SeedSequence(np.array(words, dtype=np.uint32))
+
+
+def batch_key(batch: int, rank: int) -> Any:
+    """The BATCH key of batch position `batch` on training rank `rank`: ranks share the base
+    seed and count their batches alike, and their batch-level draws must not repeat each
+    other's (rank 0 keeps the plain position)."""
+    return batch if rank == 0 else (batch, rank)
 
 
 class FetchScope:
