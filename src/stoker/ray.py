@@ -650,17 +650,7 @@ class DataLoader:
         self.epoch = epoch
 
     def _batches(self) -> list[list[int]]:
-        return rank_batches(
-            len(self.dataset),
-            self.batch_size,
-            shuffle=self.shuffle,
-            seed=self.seed,
-            epoch=self.epoch,
-            rank=self.rank,
-            world_size=self.world_size,
-            drop_last=self.drop_last,
-            elastic=self._elastic,
-        )
+        return list(self._batch_sampler())
 
     def _rank_sampler(self) -> DistributedSampler:
         """This rank's DistributedSampler (at epoch 0)."""
@@ -673,13 +663,19 @@ class DataLoader:
             drop_last=self.drop_last,
         )
 
+    def _batch_sampler(self) -> BatchSampler:
+        """This rank's batches of the current epoch (the rest of an elastic epoch, when one is
+        being resumed), as `rank_batches` gives them."""
+        sampler = self._rank_sampler()
+        sampler.set_epoch(self.epoch)
+        if self._elastic is not None:
+            sampler.resume_elastic(*self._elastic)
+        return BatchSampler(sampler, self.batch_size, self.drop_last)
+
     def __len__(self) -> int:
         """This rank's batches in the current epoch (the rest of an elastic epoch, when one is
         being resumed)."""
-        sampler = self._rank_sampler()
-        if self._elastic is not None:
-            sampler.resume_elastic(*self._elastic)
-        return len(BatchSampler(sampler, self.batch_size, self.drop_last))
+        return len(self._batch_sampler())
 
     def __iter__(self) -> Iterator[Any]:
         """The current epoch's batches for this rank: all of them, or, right after

@@ -350,11 +350,12 @@ class DataLoader(Generic[T_co]):
         # sample_rng() is the same whichever rank reads it
         sharded = distributed_sampler(batch_sampler if batch_sampler is not None else sampler)
         rank, world_size, local_rank = ranks()
-        if sharded is not None and not torch_distributed_world():  # its ranks are all we know
+        group_size = torch_distributed_world()
+        if sharded is not None and not group_size:  # its ranks are all we know
             rank, world_size = sharded.rank, sharded.num_replicas
         self._ranks = (rank, world_size, local_rank)
         self._agreed: GeneratorLike = None
-        if generator is None and sharded is not None and torch_distributed_world() > 1:
+        if generator is None and sharded is not None and group_size > 1:
             self._agreed = _generator_from(agreed_seed(flavour=self._flavour), self._flavour)
 
         if collate_fn is None:
