@@ -25,8 +25,11 @@ stoker's own workers: (base seed, epoch, sample index), the base seed being the 
 
 from __future__ import annotations
 
+import io
+import itertools
 import math
 import pickle
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -54,15 +57,17 @@ __all__ = [
 ]
 
 STATE_VERSION = 1
-# How many read tasks: one for every UNITS_PER_TASK batches (to_ray_dataset: samples), and
-# at least one per CPU of the cluster. Small tasks win because batches are delivered in order:
-# a task's output waits in the object store until the tasks before it are consumed, so long
-# tasks fill the store (and make it spill) while the driver waits on the first. Measured on the
-# images workload (3x224x224 uint8, batch 64, an epoch of 160 batches, one node of 2 cores,
-# Ray given 2 CPUs; `stoker bench` sweeps it again): 2 tasks of 80 batches 2,190 samples/s,
-# 8 of 20 3,070, 32 of 5 4,600 (medians of 2); the object store reached its 512 MB cap in all.
-UNITS_PER_TASK = 5
+# How many read tasks: one for every UNITS_PER_TASK batches (to_ray_dataset: groups of
+# SAMPLES_PER_FETCH samples), and at least one per CPU of the cluster. Each batch leaves its
+# task as a block of its own, so a long task streams its batches; what a task costs is its
+# start (~40 ms between one task's last batch and the next task's first, measured). On the
+# images workload (3x224x224 uint8, batch 64, an epoch of 80 batches, one node of 2 cores, Ray
+# given 2 CPUs), epoch samples/s by task count: 16 tasks 3,837, 8 4,077, 4 4,455, 2 5,013 (one
+# `python -m stoker._tools.raybench` run; an earlier sweep, medians of 3: 16 3,154, 8 3,505,
+# 4 3,981, 2 4,036). Not fewer than one per CPU: tasks are what Ray spreads over the cluster.
+UNITS_PER_TASK = 40
 SAMPLES_PER_FETCH = 64  # to_ray_dataset: indices per __getitems__ call (a dataset that has one)
+IN_BAND_BYTES = 1 << 16  # a batch's array buffers smaller than this travel inside its pickle
 # Keys of a state that may differ from this loader's: an elastic resume (see load_state_dict).
 ELASTIC_KEYS = ("world_size", "rank", "total_size")
 
@@ -116,11 +121,14 @@ def contiguous_slices(count: int, parts: int) -> list[tuple[int, int]]:
 
 
 def read_task_count(units: int, cluster_cpus: float, requested: int | None = None) -> int:
-    """How many read tasks share `units` batches (or samples): `requested` when given, else one
-    for every UNITS_PER_TASK units and at least one per cluster CPU; never more than `units`."""
+    """How many read tasks share `units` batches (or to_ray_dataset's fetch groups):
+    `requested` when given, else one for every UNITS_PER_TASK units and at least one per
+    cluster CPU; never more than `units`."""
     if requested is not None:
         if not isinstance(requested, int) or isinstance(requested, bool) or requested < 1:
-            raise ValueError(f"read_tasks should be a positive integer or None, but got read_tasks={requested!r}")
+            raise ValueError(
+                f"read_tasks should be a positive integer or None, but got read_tasks={requested!r}"
+            )
         return max(1, min(requested, units))
     by_size = math.ceil(units / UNITS_PER_TASK)
     return max(1, min(max(by_size, int(cluster_cpus)), units))
@@ -149,7 +157,9 @@ def rank_batches(
     rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)` after `set_epoch(epoch)` and
     `BatchSampler(sampler, batch_size, drop_last)` give (after `resume_elastic(*elastic)`
     when given: the rest of an epoch another world size had begun)."""
-    sampler = _sampler(length, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last)
+    sampler = _sampler(
+        length, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last
+    )
     sampler.set_epoch(epoch)
     if elastic is not None:
         sampler.resume_elastic(*elastic)
@@ -164,13 +174,22 @@ class _Sized:
         return self.n
 
 
-def _sampler(length: int, *, shuffle: bool, seed: int, rank: int, world_size: int, drop_last: bool) -> DistributedSampler:
+def _sampler(
+    length: int, *, shuffle: bool, seed: int, rank: int, world_size: int, drop_last: bool
+) -> DistributedSampler:
     return DistributedSampler(
-        _Sized(length), num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last
+        _Sized(length),
+        num_replicas=world_size,
+        rank=rank,
+        shuffle=shuffle,
+        seed=seed,
+        drop_last=drop_last,
     )
 
 
-def config_differences(saved: dict[str, Any], current: dict[str, Any], ignore: Sequence[str] = ()) -> list[str]:
+def config_differences(
+    saved: dict[str, Any], current: dict[str, Any], ignore: Sequence[str] = ()
+) -> list[str]:
     """'key: saved X, this loader Y' for every key (but those ignored) whose values differ."""
     return [
         f"{key}: saved {saved.get(key)!r}, this loader {current[key]!r}"
@@ -201,7 +220,9 @@ def _binary(data: Any) -> Any:
     import pyarrow as pa
 
     offsets = pa.py_buffer(np.array([0, memoryview(data).nbytes], np.int64))
-    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(data)])
+    return pa.LargeBinaryArray.from_buffers(
+        pa.large_binary(), 1, [None, offsets, pa.py_buffer(data)]
+    )
 
 
 def _block(keys: list[int], payloads: list[bytes]) -> Any:
@@ -212,20 +233,59 @@ def _block(keys: list[int], payloads: list[bytes]) -> Any:
     return pa.table({"key": pa.array(keys, pa.int64()), "data": data})
 
 
+def _tensor_of(array: Any) -> Any:
+    """The torch tensor over `array`'s memory (the inverse of _BatchPickler's reduction)."""
+    import torch
+
+    return torch.from_numpy(array)
+
+
+class _BatchPickler(pickle.Pickler):
+    """Pickles a plain CPU torch tensor as the numpy array over its memory, which protocol 5
+    sends out of band like any array (torch's own reduction writes the storage's bytes into
+    the pickle: 15 ms for a 9.6 MB batch, measured); it comes back a torch tensor."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        torch = sys.modules.get("torch")
+        if torch is None or type(obj) is not torch.Tensor or obj.requires_grad:
+            return NotImplemented
+        if obj.device.type != "cpu" or obj.layout != torch.strided or obj.is_conj() or obj.is_neg():
+            return NotImplemented
+        try:
+            array = obj.numpy()
+        except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16, ...)
+            return NotImplemented
+        return _tensor_of, (array,)
+
+
 def _batch_block(position: int, batch: Any) -> Any:
-    """An Arrow table of one batch: a row for the pickle of its structure, then a row for each
-    of its array buffers (pickle protocol 5, out of band). The buffers are wrapped, not copied:
-    the one copy is Ray's, into the object store (an in-band pickle.dumps of a 9.6 MB batch
-    took 6.9 ms here, against 0.6 ms for its collate)."""
+    """An Arrow table of one batch: the pickle of its structure (protocol 5) with its first
+    large array buffer in the first row, each further large buffer in a row of its own.
+    Buffers under IN_BAND_BYTES travel inside the pickle. The large buffers are wrapped, not
+    copied: the one copy is Ray's, into the object store (an in-band pickle.dumps of a 9.6 MB
+    batch took 6.9 ms here, against 0.6 ms for its collate). A batch with one large array
+    (images with their labels) is one row, which Ray keeps as one block (see `_ray_dataset`)."""
     import pyarrow as pa
 
-    buffers: list[pickle.PickleBuffer] = []
-    header = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
-    parts = [header, *(b.raw() for b in buffers)]
+    large: list[pickle.PickleBuffer] = []
+
+    def in_band(buffer: pickle.PickleBuffer) -> bool:
+        if buffer.raw().nbytes < IN_BAND_BYTES:
+            return True
+        large.append(buffer)
+        return False
+
+    stream = io.BytesIO()
+    _BatchPickler(stream, protocol=5, buffer_callback=in_band).dump(batch)
+    header = stream.getvalue()
+    parts: list[Any] = [b.raw() for b in large] or [b""]
     return pa.table(
         {
             "key": pa.array([position] * len(parts), pa.int64()),
             "part": pa.array(range(len(parts)), pa.int32()),
+            "header": pa.chunked_array(
+                [_binary(header)] + [_binary(b"")] * (len(parts) - 1), pa.large_binary()
+            ),
             "data": pa.chunked_array([_binary(p) for p in parts], pa.large_binary()),
         }
     )
@@ -266,7 +326,9 @@ def _fetch(
                 samples = list(getitems(indices))
             except Exception as exc:
                 shown = ", ".join(map(str, indices[:8])) + (", ..." if len(indices) > 8 else "")
-                raise _failure(f"the dataset's __getitems__ of sample indices [{shown}]", exc) from None
+                raise _failure(
+                    f"the dataset's __getitems__ of sample indices [{shown}]", exc
+                ) from None
         else:
             samples = []
             for i in indices:
@@ -320,7 +382,8 @@ def _read(
         if per_sample:
             if len(made) != len(indices):
                 raise _TaskFailure(
-                    "read", f"the dataset's __getitems__ returned {len(made)} samples for {len(indices)} indices"
+                    "read",
+                    f"the dataset's __getitems__ returned {len(made)} samples for {len(indices)} indices",
                 )
             yield _block(list(indices), [pickle.dumps(s, protocol=5) for s in made])
         else:
@@ -352,7 +415,9 @@ class _Units:
         self.rank = rank  # mixed into batch-level seeds, as in stoker's own workers
 
 
-def _batch_tasks(units: list[tuple[int, list[int]]], tasks: int) -> list[list[tuple[int, list[int]]]]:
+def _batch_tasks(
+    units: list[tuple[int, list[int]]], tasks: int
+) -> list[list[tuple[int, list[int]]]]:
     """`units` cut into `tasks` contiguous runs."""
     return [units[start:stop] for start, stop in contiguous_slices(len(units), tasks)]
 
@@ -363,7 +428,10 @@ def _sample_tasks(indices: list[int], tasks: int) -> list[list[tuple[int, list[i
     made = []
     for start, stop in contiguous_slices(len(indices), tasks):
         made.append(
-            [(k, indices[k : min(k + SAMPLES_PER_FETCH, stop)]) for k in range(start, stop, SAMPLES_PER_FETCH)]
+            [
+                (k, indices[k : min(k + SAMPLES_PER_FETCH, stop)])
+                for k in range(start, stop, SAMPLES_PER_FETCH)
+            ]
         )
     return made
 
@@ -387,10 +455,19 @@ def _make_source(plan: _Units) -> Any:
             for units in plan.tasks:
                 # a batch's rows: its structure and its buffers, known once it is made
                 rows = sum(len(i) for _, i in units) if plan.per_sample else None
-                metadata = BlockMetadata(num_rows=rows, size_bytes=None, input_files=None, exec_stats=None)
+                metadata = BlockMetadata(
+                    num_rows=rows, size_bytes=None, input_files=None, exec_stats=None
+                )
                 read = functools.partial(
-                    _read, plan.ref, plan.described, units, plan.base_seed, plan.epoch, plan.collate_fn,
-                    plan.per_sample, plan.rank,
+                    _read,
+                    plan.ref,
+                    plan.described,
+                    units,
+                    plan.base_seed,
+                    plan.epoch,
+                    plan.collate_fn,
+                    plan.per_sample,
+                    plan.rank,
                 )
                 tasks.append(ReadTask(read, metadata))
             return tasks
@@ -404,6 +481,13 @@ def _ray_dataset(plan: _Units, in_order: bool = True) -> ray.data.Dataset:
     dataset = ray.data.read_datasource(_make_source(plan), override_num_blocks=len(plan.tasks))
     context = dataset.context
     context.execution_options.preserve_order = in_order
+    if not plan.per_sample:
+        # Every table a read task yields (one batch) leaves the task as a block of its own,
+        # as soon as it is made. Ray's default (blocks up to 128 MB) merged the batches of a
+        # task into one block: the driver waited for whole tasks, one Ray worker did all the
+        # work (the others idle), and putting a 5-batch block (48 MB) in the object store took
+        # 38 ms against 3.4 ms for each one-batch block (measured here).
+        context.target_max_block_size = 1
     return dataset
 
 
@@ -471,14 +555,31 @@ def _cluster_cpus() -> float:
     return float(ray.cluster_resources().get("CPU", 1.0))
 
 
+def _column_values(column: Any) -> Iterator[Any]:
+    """The values of a large_binary column as buffers over the block's memory, not copied."""
+    import numpy as np
+
+    for chunk in column.chunks:
+        # slices of the chunk's data buffer: `chunk[i]` makes a scalar, which took ~3.5 ms for
+        # a 9.6 MB value (pyarrow 26, measured)
+        _, offsets, data = chunk.buffers()
+        bounds = np.frombuffer(offsets, np.int64)[
+            chunk.offset : chunk.offset + len(chunk) + 1
+        ].tolist()
+        for start, stop in itertools.pairwise(bounds):
+            yield data.slice(start, stop - start)
+
+
 def _rows(table: Any) -> Iterator[tuple[int, Any]]:
-    """(key, payload buffer) of each row of a block; the payloads are not copied."""
-    keys = table.column("key").to_pylist()
-    k = 0
-    for chunk in table.column("data").chunks:
-        for i in range(len(chunk)):
-            yield keys[k], chunk[i].as_buffer()
-            k += 1
+    """(key, payload buffer) of each row of a to_ray_dataset block; payloads are not copied."""
+    return zip(table.column("key").to_pylist(), _column_values(table.column("data")))
+
+
+def _copied(buffer: Any) -> Any:
+    """A writable copy of `buffer`, as a flat uint8 array."""
+    import numpy as np
+
+    return np.frombuffer(buffer, np.uint8).copy()
 
 
 class _BatchRows:
@@ -492,20 +593,28 @@ class _BatchRows:
     def _made(self) -> tuple[int, Any]:
         header, *buffers = self.pending
         self.pending = []
-        # each array buffer is copied once, out of the object store: the batch is writable
-        # and owns its memory
-        return self.position, pickle.loads(header, buffers=[bytearray(b) for b in buffers])
+        # each large buffer is copied once, out of the object store, so that the batch is
+        # writable and owns its memory; numpy's copy lets go of the GIL (Ray Data's threads in
+        # this process go on meanwhile), bytearray's does not
+        return self.position, pickle.loads(header, buffers=[_copied(b) for b in buffers])
 
     def feed(self, table: Any) -> Iterator[tuple[int, Any]]:
         """The batches (position, batch) that `table` completes."""
+        keys = table.column("key").to_pylist()
         parts = table.column("part").to_pylist()
-        for (key, payload), part in zip(_rows(table), parts):
+        rows = zip(
+            keys,
+            parts,
+            _column_values(table.column("header")),
+            _column_values(table.column("data")),
+        )
+        for key, part, header, data in rows:
             if part == 0:
                 if self.pending:
                     yield self._made()
-                self.pending, self.position = [payload], key
-            else:
-                self.pending.append(payload)
+                self.pending, self.position = [header], key
+            if data.size:
+                self.pending.append(data)
 
     def finish(self) -> Iterator[tuple[int, Any]]:
         """The last batch, at the end of the stream."""
@@ -541,7 +650,11 @@ def to_ray_dataset(
     length = len(dataset)
     chosen = list(range(length)) if indices is None else [int(i) for i in indices]
     ref = _put_dataset(dataset)
-    tasks = _sample_tasks(chosen, read_task_count(len(chosen), _cluster_cpus(), read_tasks))
+    if read_tasks is None:
+        count = read_task_count(math.ceil(len(chosen) / SAMPLES_PER_FETCH), _cluster_cpus())
+    else:  # as asked, up to one task per sample
+        count = read_task_count(len(chosen), 1, read_tasks)
+    tasks = _sample_tasks(chosen, count)
     plan = _Units(ref, _describe_type(dataset), tasks, base_seed_of(seed), epoch, None, True)
     return _ray_dataset(plan)
 
@@ -617,7 +730,9 @@ class DataLoader:
         self.world_size = _check_int(world_size, "world_size", 1)
         rank = _check_int(rank, "rank", 0)
         if rank >= world_size:
-            raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]")
+            raise ValueError(
+                f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]"
+            )
         self.rank = rank
         self.prefetch_batches = _check_int(prefetch_batches, "prefetch_batches", 0)
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last), ("in_order", in_order)):
@@ -693,7 +808,13 @@ class DataLoader:
         units = list(enumerate(batches))[start:]
         tasks = _batch_tasks(units, read_task_count(len(units), _cluster_cpus(), self.read_tasks))
         plan = _Units(
-            self._ref, _describe_type(self.dataset), tasks, base_seed_of(self.seed), self.epoch, self.collate_fn, False,
+            self._ref,
+            _describe_type(self.dataset),
+            tasks,
+            base_seed_of(self.seed),
+            self.epoch,
+            self.collate_fn,
+            False,
             self.rank,
         )
         yield from self._deliver(_ray_dataset(plan, self.in_order), start)
@@ -701,7 +822,9 @@ class DataLoader:
     def _deliver(self, dataset: ray.data.Dataset, start: int) -> Iterator[Any]:
         expected = start
         blocks = iter(
-            dataset.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=self.prefetch_batches)
+            dataset.iter_batches(
+                batch_size=None, batch_format="pyarrow", prefetch_batches=self.prefetch_batches
+            )
         )
         rows = _BatchRows()
         try:
@@ -770,7 +893,9 @@ class DataLoader:
         ValueError, applying nothing, for a state of another configuration (naming what
         differs) or of another kind."""
         if not isinstance(state, dict) or state.get("loader") != "stoker.ray.DataLoader":
-            raise ValueError("load_state_dict expects a dict made by stoker.ray.DataLoader.state_dict()")
+            raise ValueError(
+                "load_state_dict expects a dict made by stoker.ray.DataLoader.state_dict()"
+            )
         if state.get("version") != STATE_VERSION:
             raise ValueError(
                 f"this stoker.ray state has version {state.get('version')!r}; this stoker reads version {STATE_VERSION}"
@@ -803,7 +928,11 @@ class DataLoader:
                     f"not with world_size={self.world_size}, rank={self.rank}"
                 )
             if saved_elastic is None:
-                elastic = (position * self.batch_size, int(saved["world_size"]), int(saved["total_size"]))
+                elastic = (
+                    position * self.batch_size,
+                    int(saved["world_size"]),
+                    int(saved["total_size"]),
+                )
             position = 0
         self.seed = seed
         self.epoch = epoch
@@ -874,7 +1003,14 @@ def streaming_split(
     splits must be iterated concurrently (one per rank, or per thread), as Ray requires."""
     _check_int(n, "n", 1)
     batches = rank_batches(
-        len(dataset), batch_size, shuffle=shuffle, seed=seed, epoch=epoch, rank=0, world_size=1, drop_last=drop_last
+        len(dataset),
+        batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        epoch=epoch,
+        rank=0,
+        world_size=1,
+        drop_last=drop_last,
     )
     ref = _put_dataset(dataset)
     units = list(enumerate(batches))

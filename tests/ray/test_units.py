@@ -188,6 +188,9 @@ def assert_same(got, want):
     if isinstance(want, np.ndarray):
         assert (got.dtype, got.shape) == (want.dtype, want.shape)
         assert np.array_equal(got, want)
+    elif type(want).__module__ == "torch":
+        assert (got.dtype, got.shape) == (want.dtype, want.shape)
+        assert bool((got == want).all())
     elif isinstance(want, dict):
         assert list(got) == list(want)
         for key in want:
@@ -204,23 +207,48 @@ def test_batch_rows_rebuild_batches_exactly_even_split_over_blocks():
     pa = pytest.importorskip("pyarrow")
     import numpy as np
 
+    large = sray.IN_BAND_BYTES
     batches = [
         {"image": np.arange(24, dtype=np.uint8).reshape(2, 3, 4), "label": np.array([1, 2]), "name": ["a", "b"]},
-        (np.ones((3, 2), np.float32), "text", None),
-        [np.zeros(0), np.arange(5)[::2]],  # an empty array, and a non-contiguous one (in band)
+        # two large arrays (a row each) and a small one (inside the pickle)
+        (np.ones((2, large), np.uint8), np.full(large, 7, np.int16), np.arange(3), "text", None),
+        [np.zeros(0), np.arange(5)[::2], np.arange(2 * large)[::2]],  # empty, non-contiguous (in band)
     ]
     tables = [sray._batch_block(position, batch) for position, batch in enumerate(batches)]
+    assert [t.num_rows for t in tables] == [1, 2, 1]
+    assert len(tables[1].column("header").to_pylist()[0]) < 1024  # the large arrays are not in it
     whole = pa.concat_tables(tables)
-    cut = 3  # inside the first batch's rows: Ray may hand a block over in two pieces
+    cut = 2  # between the second batch's two rows: Ray hands such a batch over as two blocks
     pieces = [whole.slice(0, cut), whole.slice(cut)]
     rows = sray._BatchRows()
     got = [made for piece in pieces for made in rows.feed(piece)] + list(rows.finish())
     assert [position for position, _ in got] == [0, 1, 2]
     for (_, batch), want in zip(got, batches):
         assert_same(batch, want)
-    assert got[0][1]["image"].flags.writeable and got[1][1][0].flags.writeable
+    assert got[0][1]["image"].flags.writeable and got[1][1][0].flags.writeable and got[1][1][1].flags.writeable
 
 
+def test_torch_batches_cross_out_of_band_and_come_back_as_tensors():
+    pytest.importorskip("pyarrow")
+    torch = pytest.importorskip("torch")
+
+    image = torch.arange(3 * sray.IN_BAND_BYTES, dtype=torch.int32).reshape(3, -1)
+    batch = {
+        "image": image,
+        "view": image[:, ::1024],  # not contiguous: copied into the pickle
+        "label": torch.tensor([1, 2, 3]),
+        "half": torch.ones(2, dtype=torch.bfloat16),  # no numpy dtype: torch's own pickling
+    }
+    table = sray._batch_block(0, batch)
+    assert table.num_rows == 1  # one large buffer, the image's; the rest is inside the pickle
+    header = table.column("header").to_pylist()[0]
+    assert len(header) < 16384  # the view and the small tensors, not the image (786 kB)
+    rows = sray._BatchRows()
+    (position, got), *more = list(rows.feed(table)) + list(rows.finish())
+    assert position == 0 and not more
+    assert_same(got, batch)
+    got["image"][0, 0] = -1  # writable, and its own memory
+    assert int(batch["image"][0, 0]) == 0
 def test_seed_none_is_agreed():
     one = sray.DataLoader(Indexed(8), batch_size=2)  # a single rank draws a fresh seed
     other = sray.DataLoader(Indexed(8), batch_size=2)
