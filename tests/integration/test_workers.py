@@ -474,3 +474,53 @@ def test_shuffled_epochs_with_workers_equal_torchs(engine: str, persistent: bool
     theirs = run(tud, multiprocessing_context="fork")
     assert ours == theirs
     assert ours[0] != ours[1] != ours[2]
+
+
+class SleepsAt(Dataset):
+    """Sample `at` takes `sleep_s` seconds; the others none."""
+
+    def __init__(self, at: int, sleep_s: float) -> None:
+        self.at = at
+        self.sleep_s = sleep_s
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.at:
+            time.sleep(self.sleep_s)
+        return i
+
+
+def test_a_worker_timed_out_on_is_terminated_at_close_without_the_grace_period() -> None:
+    import gc
+
+    import psutil
+
+    from stoker._core import engines
+
+    loader = DataLoader(SleepsAt(1, 60.0), batch_size=1, num_workers=2, timeout=1, multiprocessing_context="fork")
+    iterator = iter(loader)
+    assert next(iterator).tolist() == [0]
+    with pytest.raises(RuntimeError, match="timed out after 1 seconds waiting for batch 1"):
+        next(iterator)
+    hung = psutil.Process(iterator._engine.pid(1))
+    begun = time.monotonic()
+    del iterator
+    gc.collect()
+    took = time.monotonic() - begun
+    # terminated at once rather than given JOIN_TIMEOUT_S to read its Stop (it never would)
+    assert took < engines.JOIN_TIMEOUT_S, f"closing took {took:.2f} s"
+    assert not hung.is_running()
+
+
+def test_a_worker_that_answers_after_a_timeout_is_not_taken_for_hung() -> None:
+    loader = DataLoader(SleepsAt(1, 1.5), batch_size=1, num_workers=2, timeout=1, multiprocessing_context="fork")
+    iterator = iter(loader)
+    assert next(iterator).tolist() == [0]
+    with pytest.raises(RuntimeError, match="timed out"):
+        next(iterator)
+    assert iterator._engine._stuck == {1}
+    assert next(iterator).tolist() == [1]  # torch's rule: after a timeout the iterator goes on
+    assert iterator._engine._stuck == set()
+    assert [b.tolist() for b in iterator] == [[2], [3], [4], [5]]

@@ -17,7 +17,8 @@ come back on a socket per worker through the transport, and `poll` waits on thos
 and on the process sentinels together, so a worker that dies is seen at once. The process
 engine also decides how its workers die with the main process (`parent.ParentWatch`).
 
-Shutdown (`ProcessEngine.close`): Stop to every worker → join for up to `JOIN_TIMEOUT_S`
+Shutdown (`ProcessEngine.close`): Stop to every worker (and SIGTERM to one the loader timed out
+on) → join for up to `JOIN_TIMEOUT_S`
 while reading and discarding whatever replies still arrive (so no worker stays blocked on
 a full socket) → SIGTERM the rest → join for up to `TERMINATE_TIMEOUT_S` → SIGKILL → reap,
 then close every socket. It is reached from the iterator's `weakref.finalize`, so it runs
@@ -89,6 +90,11 @@ class Engine(Protocol):
 
     def restart(self, worker_id: int) -> int | None:
         """Replace a dead worker with a new one of the same id and seed; its pid."""
+        ...
+
+    def stuck(self, worker_id: int) -> None:
+        """The loader timed out waiting on this worker: `close()` need not give it time to stop
+        on its own (a process is terminated at once, unless it replies meanwhile)."""
         ...
 
     def close(self) -> None: ...
@@ -171,6 +177,9 @@ class _NoRestart:
 
     def restart(self, worker_id: int) -> int | None:
         raise RuntimeError(f"{type(self).__name__} cannot restart a worker")
+
+    def stuck(self, worker_id: int) -> None:
+        """Nothing to do: the caller's thread, or a thread worker, cannot be stopped early."""
 
 
 class SerialEngine(_NoRestart):
@@ -330,6 +339,7 @@ class ProcessEngine:
         self._unreported: list[Death] = []
         self._poller = select.poll()
         self._watched: dict[int, tuple[int, bool]] = {}  # fd -> (worker id, is its sentinel)
+        self._stuck: set[int] = set()  # workers the loader timed out on (see stuck())
         self._closed = False
 
     # ---------------------------------------------------------------- starting
@@ -458,7 +468,9 @@ class ProcessEngine:
         if reader is None or not (block or reader.poll()):
             return []
         try:
-            return [(worker_id, self._transport.recv_reply(worker_id, reader))]
+            got = [(worker_id, self._transport.recv_reply(worker_id, reader))]
+            self._stuck.discard(worker_id)  # it answered: slow, not hung
+            return got
         except (EOFError, OSError, pickle.UnpicklingError):
             self._unwatch(reader.fileno())
             reader.close()
@@ -490,8 +502,13 @@ class ProcessEngine:
         return deaths
 
     # ---------------------------------------------------------------- shutdown
+    def stuck(self, worker_id: int) -> None:
+        self._stuck.add(worker_id)
+
     def close(self) -> None:
-        """Stop every worker, escalating to SIGTERM and SIGKILL; safe to call repeatedly."""
+        """Stop every worker, escalating to SIGTERM and SIGKILL; safe to call repeatedly. A
+        worker the loader timed out on is sent SIGTERM at once: it is inside the user's code
+        and would not read Stop within JOIN_TIMEOUT_S."""
         if self._closed:
             return
         self._closed = True
@@ -502,6 +519,10 @@ class ProcessEngine:
                 except OSError:
                     pass
         processes = [p for p in self._processes if p is not None]
+        for worker_id in self._stuck:
+            process = self._processes[worker_id]
+            if process is not None and process.exitcode is None:
+                process.terminate()
         self._join(processes, JOIN_TIMEOUT_S)
         for process in processes:
             if process.exitcode is None:

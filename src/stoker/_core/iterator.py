@@ -337,6 +337,9 @@ class LoaderIterator(Generic[T]):
                 if replies or deaths:
                     return
                 if deadline is not None and time.monotonic() >= deadline:
+                    waiting = self._scheduler.waiting_for()
+                    if waiting is not None and waiting.worker_id is not None:
+                        engine.stuck(waiting.worker_id)
                     raise RuntimeError(self._timeout_message())
         except (KeyboardInterrupt, SystemExit, GeneratorExit) as exc:
             self._fail(exc)
