@@ -25,6 +25,7 @@ os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 os.environ.setdefault("RAY_NODE_IP_ADDRESS", "127.0.0.1")
 
 import psutil
+import ray
 from ray.cluster_utils import Cluster
 from ray_datasets import (
     BatchSeeded,
@@ -37,7 +38,6 @@ from ray_datasets import (
     Seeded,
 )
 
-import ray
 import stoker.ray as sray
 
 OBJECT_STORE_BYTES = 100 * 1024 * 1024

@@ -155,6 +155,7 @@ def _median(values: list[float]) -> float:
 def one_node(samples: int, reps: int, with_torch: bool) -> dict[str, Any]:
     """Part 1: stoker.ray on one node against the local loaders."""
     import ray
+
     import stoker
     import stoker.ray as sray
 
@@ -236,9 +237,9 @@ def one_node(samples: int, reps: int, with_torch: bool) -> dict[str, Any]:
 def two_ranks_in_namespace(samples: int) -> dict[str, Any]:
     """Part 2, run inside the namespace (by `two_nodes`): a two-node cluster, two ranks."""
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    import ray
     from ray.cluster_utils import Cluster
 
-    import ray
     import stoker.ray as sray
 
     from .bench import Images
