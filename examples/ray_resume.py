@@ -1,6 +1,6 @@
 """One training rank reading through Ray Data: save the loader's place mid-epoch, resume exactly.
 
-    python examples/ray_resume.py
+python examples/ray_resume.py
 """
 
 import numpy as np
@@ -21,11 +21,13 @@ class Noisy(stoker.Dataset):
 
 
 def make_loader():
-    return stoker.ray.DataLoader(Noisy(), batch_size=64, shuffle=True, seed=0, rank=0, world_size=1, drop_last=True)
+    return stoker.ray.DataLoader(
+        Noisy(), batch_size=64, shuffle=True, seed=0, rank=0, world_size=1, drop_last=True
+    )
 
 
 if __name__ == "__main__":
-    ray.init(num_cpus=2)  # on a cluster: ray.init(address="auto")
+    ray.init()  # a Ray of this machine's CPUs; with RAY_ADDRESS set, the cluster it names
     loader = make_loader()
     seen = 0
     for epoch in range(2):

@@ -238,6 +238,19 @@ def ray_processes(temp_dir: str) -> list[str]:
     return found
 
 
+def scenario_example(address: str) -> dict[str, Any]:
+    """examples/ray_resume.py (the README's), run as written against this cluster."""
+    import subprocess
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "ray_resume.py"
+    done = subprocess.run(
+        [sys.executable, str(example)], env=dict(os.environ, RAY_ADDRESS=address),
+        capture_output=True, text=True, timeout=90,
+    )
+    return {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr[-4000:]}
+
+
 def main() -> int:
     out_path, temp_dir, elsewhere = sys.argv[1:4]
     results: dict[str, Any] = {"scenarios": {}, "timings": {}}
@@ -262,6 +275,7 @@ def main() -> int:
         "unimportable": lambda: scenario_unimportable(elsewhere),
         "split": scenario_split,
         "torch": scenario_torch,
+        "example": lambda: scenario_example(cluster.address),
     }
     only = os.environ.get("STOKER_RAY_SCENARIOS")
     for name, run in scenarios.items():
