@@ -570,11 +570,6 @@ def _column_values(column: Any) -> Iterator[Any]:
             yield data.slice(start, stop - start)
 
 
-def _rows(table: Any) -> Iterator[tuple[int, Any]]:
-    """(key, payload buffer) of each row of a to_ray_dataset block; payloads are not copied."""
-    return zip(table.column("key").to_pylist(), _column_values(table.column("data")))
-
-
 def _copied(buffer: Any) -> Any:
     """A writable copy of `buffer`, as a flat uint8 array."""
     import numpy as np
