@@ -493,6 +493,7 @@ class ProcessEngine:
         process = self._processes[worker_id]
         self._unwatch(process.sentinel)
         process.join(TERMINATE_TIMEOUT_S)
+        self._stuck.discard(worker_id)  # a replacement starts afresh
         death = Death(worker_id, process.pid, process.exitcode)
         self._deaths[worker_id] = death
         self._unreported.append(death)
