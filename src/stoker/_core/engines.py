@@ -17,12 +17,12 @@ come back on a socket per worker through the transport, and `poll` waits on thos
 and on the process sentinels together, so a worker that dies is seen at once. The process
 engine also decides how its workers die with the main process (`parent.ParentWatch`).
 
-Shutdown (`ProcessEngine.close`): Stop to every worker (and SIGTERM to one the loader timed out
-on) → join for up to `JOIN_TIMEOUT_S`
-while reading and discarding whatever replies still arrive (so no worker stays blocked on
-a full socket) → SIGTERM the rest → join for up to `TERMINATE_TIMEOUT_S` → SIGKILL → reap,
-then close every socket. It is reached from the iterator's `weakref.finalize`, so it runs
-when the iterator is exhausted, dropped, garbage-collected, or at interpreter exit.
+Shutdown (`ProcessEngine.close`): Stop to every worker (SIGTERM to one the loader timed out
+on) → join for up to `JOIN_TIMEOUT_S` while reading and discarding whatever replies still
+arrive (so no worker stays blocked on a full socket) → SIGTERM the rest → join for up to
+`TERMINATE_TIMEOUT_S` → SIGKILL → reap, then close every socket. It is reached from the
+iterator's `weakref.finalize`, so it runs when the iterator is exhausted, dropped,
+garbage-collected, or at interpreter exit.
 """
 
 from __future__ import annotations

@@ -7,11 +7,10 @@
    batch) and the rate after the first batch (which flatters a loader whose first batch comes
    late, as Ray's does: its read tasks have run ahead meanwhile); and the time to its first
    batch. stoker.ray's start-up (ray.init, then a first epoch that starts Ray's workers) is
-   measured once, before the repetitions. During that epoch and one
-   more, untimed, a thread samples the memory of Ray's processes (RSS and USS, summed) and the
-   object store's use (never during the timed epochs: reading the processes' memory maps costs
-   CPU). Then stoker.ray with read tasks of several sizes (how
-   `stoker.ray.read_task_count` was chosen).
+   measured once, before the repetitions. During that epoch and one more, untimed, a thread
+   samples the memory of Ray's processes (RSS and USS, summed) and the object store's use
+   (never during the timed epochs: reading the processes' memory maps costs CPU). Then
+   stoker.ray with read tasks of several sizes (how `stoker.ray.read_task_count` was chosen).
 2. Two ranks on a two-node cluster (one CPU each) inside a loopback-only network namespace
    (`unshare --net`, as tests/ray does), each rank a thread of one driver iterating its own
    `stoker.ray.DataLoader(rank=r, world_size=2)`: samples/s of the two together. Skipped, with a
