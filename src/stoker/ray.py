@@ -40,6 +40,7 @@ from ._data.collate import default_collate
 from ._data.distributed import DistributedSampler
 from ._data.rng import RandomSource
 from ._data.samplers import BatchSampler
+from ._data.torch_collate import _tensor_of
 
 if TYPE_CHECKING:
     import ray.data
@@ -233,13 +234,6 @@ def _block(keys: list[int], payloads: list[bytes]) -> Any:
     return pa.table({"key": pa.array(keys, pa.int64()), "data": data})
 
 
-def _tensor_of(array: Any) -> Any:
-    """The torch tensor over `array`'s memory (the inverse of _BatchPickler's reduction)."""
-    import torch
-
-    return torch.from_numpy(array)
-
-
 class _BatchPickler(pickle.Pickler):
     """Pickles a plain CPU torch tensor as the numpy array over its memory, which protocol 5
     sends out of band like any array (torch's own reduction writes the storage's bytes into
@@ -255,7 +249,7 @@ class _BatchPickler(pickle.Pickler):
             array = obj.numpy()
         except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16, ...)
             return NotImplemented
-        return _tensor_of, (array,)
+        return _tensor_of, (array,)  # rebuilt as TensorLeaf's are: torch.from_numpy
 
 
 def _batch_block(position: int, batch: Any) -> Any:

@@ -492,6 +492,14 @@ class SleepsAt(Dataset):
         return i
 
 
+def sleeping_at_batch_1(sleep_s: float):
+    """An iterator (2 fork workers, timeout=1) that has given batch 0; batch 1 takes sleep_s."""
+    loader = DataLoader(SleepsAt(1, sleep_s), batch_size=1, num_workers=2, timeout=1, multiprocessing_context="fork")
+    iterator = iter(loader)
+    assert next(iterator).tolist() == [0]
+    return iterator
+
+
 def test_a_worker_timed_out_on_is_terminated_at_close_without_the_grace_period() -> None:
     import gc
 
@@ -499,9 +507,7 @@ def test_a_worker_timed_out_on_is_terminated_at_close_without_the_grace_period()
 
     from stoker._core import engines
 
-    loader = DataLoader(SleepsAt(1, 60.0), batch_size=1, num_workers=2, timeout=1, multiprocessing_context="fork")
-    iterator = iter(loader)
-    assert next(iterator).tolist() == [0]
+    iterator = sleeping_at_batch_1(60.0)
     with pytest.raises(RuntimeError, match="timed out after 1 seconds waiting for batch 1"):
         next(iterator)
     hung = psutil.Process(iterator._engine.pid(1))
@@ -515,9 +521,7 @@ def test_a_worker_timed_out_on_is_terminated_at_close_without_the_grace_period()
 
 
 def test_a_worker_that_answers_after_a_timeout_is_not_taken_for_hung() -> None:
-    loader = DataLoader(SleepsAt(1, 1.5), batch_size=1, num_workers=2, timeout=1, multiprocessing_context="fork")
-    iterator = iter(loader)
-    assert next(iterator).tolist() == [0]
+    iterator = sleeping_at_batch_1(1.5)
     with pytest.raises(RuntimeError, match="timed out"):
         next(iterator)
     assert iterator._engine._stuck == {1}
