@@ -77,7 +77,9 @@ def test_figures_add_up(engine: str) -> None:
     assert stats.batches == batches == 26
     assert stats.bytes == expected_bytes(n)
     outside = total - inside
-    assert abs(stats.wait_s + outside - stats.elapsed_s) <= 0.02 * stats.elapsed_s
+    # the test's clock reads sit just outside the loader's: one preemption of the machine
+    # between them (a few ms, seen once in a fresh-clone run) is not an accounting error
+    assert abs(stats.wait_s + outside - stats.elapsed_s) <= 0.02 * stats.elapsed_s + 0.005
     assert stats.elapsed_s <= total
     assert abs(stats.readiness - (1 - stats.wait_s / stats.elapsed_s)) < 1e-9
     workers = stats.workers
