@@ -128,3 +128,4 @@ def _no_worker_info_left_in_this_process():
     from stoker._core import worker
 
     worker._process_info = None
+    worker.tell_torch(None, thread=False)

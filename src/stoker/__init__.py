@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 # unpickles a dataset subclassing stoker.Dataset imports what it needs and not the loader,
 # the iterator, the bench or the doctor: start-up time is import time there.
 _EXPORTS = {
+    "UnshardedWarning": "._core.errors",
     "WorkerDiedError": "._core.errors",
     "WorkerError": "._core.errors",
     "WorkerRestartWarning": "._core.errors",
@@ -48,7 +49,7 @@ _EXPORTS = {
 }
 
 if TYPE_CHECKING:
-    from ._core.errors import WorkerDiedError, WorkerError, WorkerRestartWarning
+    from ._core.errors import UnshardedWarning, WorkerDiedError, WorkerError, WorkerRestartWarning
     from ._core.loader import DataLoader
     from ._core.seeding import sample_rng, sample_seed
     from ._core.stats import LoaderStats, WorkerStats
@@ -112,6 +113,7 @@ __all__ = [
     "Subset",
     "SubsetRandomSampler",
     "TensorDataset",
+    "UnshardedWarning",
     "WeightedRandomSampler",
     "WorkerDiedError",
     "WorkerRestartWarning",

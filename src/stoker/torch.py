@@ -2,15 +2,18 @@
 `from torch.utils.data import DataLoader`.
 
 Same names as `torch.utils.data` (plus `get_worker_info`, and stoker's `sample_seed` and
-`sample_rng`). Batches are torch tensors made exactly as torch's `default_collate` makes
-them, and randomness without an explicit `generator` comes from torch's global RNG, so
+`sample_rng`), of torch's kind: `DataLoader` is a `torch.utils.data.DataLoader`, `Dataset`,
+`IterableDataset` and `Sampler` are torch's own classes and the other datasets and samplers
+subclass torch's, so training frameworks (Lightning, accelerate) treat them as torch's.
+Batches are torch tensors made exactly as torch's `default_collate` makes them, and
+randomness without an explicit `generator` comes from torch's global RNG, so
 `torch.manual_seed` reproduces a run the way it does with torch. Needs torch
 (`pip install stoker[torch]`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 try:
@@ -21,68 +24,38 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
         "or use `stoker` (numpy batches) instead"
     ) from exc
 
-from ._core import loader as _loader
 from ._core.device import to_device
-from ._core.errors import WorkerDiedError, WorkerError, WorkerRestartWarning
+from ._core.errors import UnshardedWarning, WorkerDiedError, WorkerError, WorkerRestartWarning
 from ._core.seeding import sample_rng, sample_seed
 from ._core.stats import LoaderStats, WorkerStats
+from ._core.torch_loader import DataLoader
 from ._core.worker import WorkerInfo, get_worker_info
 from ._data import datasets as _datasets
-from ._data import distributed as _distributed
-from ._data import samplers as _samplers
 from ._data.collate import CollateFnMap
-from ._data.datasets import (
-    ChainDataset,
-    ConcatDataset,
-    Dataset,
-    IterableDataset,
-    StackDataset,
-    Subset,
-    TensorDataset,
-)
 from ._data.rng import GeneratorLike
-from ._data.samplers import BatchSampler, Sampler, SequentialSampler
 from ._data.shard import Shard, shard_for
 from ._data.shared_list import SharedList
 from ._data.torch_collate import collate as _collate
 from ._data.torch_collate import default_collate, default_convert
 from ._data.torch_collate import default_collate_fn_map as _default_map
+from ._data.torch_kinds import (
+    BatchSampler,
+    ChainDataset,
+    ConcatDataset,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    StackDataset,
+    Subset,
+    SubsetRandomSampler,
+    TensorDataset,
+    WeightedRandomSampler,
+)
 
 T = TypeVar("T")
-
-
-class RandomSampler(_samplers.RandomSampler):
-    __doc__ = _samplers.RandomSampler.__doc__
-    _flavour = "torch"
-
-
-class SubsetRandomSampler(_samplers.SubsetRandomSampler):
-    __doc__ = _samplers.SubsetRandomSampler.__doc__
-    _flavour = "torch"
-
-
-class WeightedRandomSampler(_samplers.WeightedRandomSampler):
-    __doc__ = _samplers.WeightedRandomSampler.__doc__
-    _flavour = "torch"
-
-
-class DistributedSampler(_distributed.DistributedSampler):
-    __doc__ = _distributed.DistributedSampler.__doc__
-    _flavour = "torch"
-
-
-class DataLoader(_loader.DataLoader[T]):
-    __doc__ = _loader.DataLoader.__doc__
-    _flavour = "torch"
-    _random_sampler_cls = RandomSampler
-
-    @staticmethod
-    def _default_collate() -> Callable[[list[Any]], Any]:
-        return default_collate
-
-    @staticmethod
-    def _default_convert() -> Callable[[Any], Any]:
-        return default_convert
 
 
 def random_split(
@@ -90,7 +63,7 @@ def random_split(
 ) -> list[Subset[T]]:
     """Split a dataset into non-overlapping random subsets; equals torch's `random_split`
     for the same generator (torch's global RNG when none is given)."""
-    return _datasets.random_split(dataset, lengths, generator, _flavour="torch")
+    return _datasets.random_split(dataset, lengths, generator, _flavour="torch", _subset=Subset)  # type: ignore[arg-type, return-value]
 
 
 def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
@@ -118,6 +91,7 @@ __all__ = [
     "Subset",
     "SubsetRandomSampler",
     "TensorDataset",
+    "UnshardedWarning",
     "WeightedRandomSampler",
     "WorkerDiedError",
     "WorkerRestartWarning",

@@ -82,6 +82,7 @@ class WhoAmI(stoker.Dataset):
         return (i, info.rank, info.world_size, -1 if info.local_rank is None else info.local_rank, info.seed)
 
 
+@pytest.mark.filterwarnings("ignore::stoker.UnshardedWarning")  # one rank of 2 reads all on purpose
 def test_worker_info_reports_the_rank_and_seeds_mix_it_in(torchrun: Any) -> None:
     torchrun(1, 2, 1)
     loader = stoker.DataLoader(WhoAmI(), batch_size=2, num_workers=2, thread_pool=True, generator=7)
@@ -166,6 +167,7 @@ def _batch_seed(samples: list[int]) -> tuple[int, list[int]]:
     return stoker.sample_seed(), samples  # the collate_fn's draw is batch-level
 
 
+@pytest.mark.filterwarnings("ignore::stoker.UnshardedWarning")  # one rank of 2 reads all on purpose
 def test_batch_level_seeds_mix_in_the_rank_and_sample_seeds_do_not(torchrun: Any) -> None:
     def run(workers: int) -> list[tuple[int, list[int]]]:
         loader = stoker.DataLoader(Draws(), batch_size=4, generator=7, collate_fn=_batch_seed,

@@ -182,3 +182,8 @@ class ExceptionInfo:
             original.add_note(message)
             return original
         return WorkerError(message, self.type_name())
+
+
+class UnshardedWarning(UserWarning):
+    """Several training ranks run and a DataLoader's sampler does not split the dataset by
+    rank, so every rank reads all of it (see `DataLoader`'s first `iter()`)."""

@@ -21,7 +21,7 @@ import numpy as np
 
 from .._data import collate as _collate
 from .._data.datasets import Dataset, is_iterable_dataset
-from .._data.distributed import agreed_seed, ranks, torch_distributed_world
+from .._data.distributed import agreed_seed, ranks, shards_by_rank, torch_distributed_world
 from .._data.rng import GeneratorLike, RandomSource, check_generator
 from .._data.samplers import (
     LAST_BATCH_CHOICES,
@@ -30,11 +30,13 @@ from .._data.samplers import (
     RandomSampler,
     Sampler,
     SequentialSampler,
+    native_index_sampler,
 )
 from .arena import Arena, arena_limit
 from .auto import AutoStart, Choice, choose
 from .bar import require_tqdm
 from .engines import prepare_forkserver
+from .errors import UnshardedWarning
 from .iterator import LoaderIterator
 from .plan import LoadPlan
 from .resume import ELASTIC_KEYS, Progress, capture_epoch, distributed_sampler, make_elastic
@@ -44,6 +46,7 @@ from .resume import describe as describe_resume
 from .stats import LoaderStats, Recorder, clock
 
 T_co = TypeVar("T_co", covariant=True)
+
 
 AUTO = "auto"
 _READ_ONLY = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
@@ -139,7 +142,8 @@ class DataLoader(Generic[T_co]):
     """
 
     _flavour = "numpy"
-    _random_sampler_cls: type[RandomSampler] = RandomSampler
+    _random_sampler_cls: type[Any] = RandomSampler
+    _sequential_sampler_cls: type[Any] = SequentialSampler
 
     dataset: Dataset[T_co]
     batch_size: int | None
@@ -272,8 +276,9 @@ class DataLoader(Generic[T_co]):
         self.stats_enabled = stats
         self.progress = progress
 
-        if is_iterable_dataset(dataset):
-            self._dataset_kind = "iterable"
+        self._iterable = is_iterable_dataset(dataset)
+        self._dataset_kind = self._kind_of(self._iterable)
+        if self._iterable:
             if shuffle not in {False, None}:
                 raise ValueError(
                     f"DataLoader with IterableDataset: expected unspecified shuffle option, but got shuffle={shuffle}"
@@ -294,7 +299,6 @@ class DataLoader(Generic[T_co]):
                 )
         else:
             shuffle = bool(shuffle)
-            self._dataset_kind = "map"
 
         if sampler is not None and shuffle:
             raise ValueError("sampler option is mutually exclusive with shuffle")
@@ -326,21 +330,24 @@ class DataLoader(Generic[T_co]):
                 )
 
         if sampler is None:
-            if self._dataset_kind == "iterable":
-                sampler = InfiniteConstantSampler()
+            if self._iterable:
+                sampler = self._infinite_sampler()
             elif shuffle:
-                sampler = self._random_sampler_cls(dataset, generator=generator)  # type: ignore[arg-type]
+                sampler = self._random_sampler_cls(dataset, generator=generator)
             else:
-                sampler = SequentialSampler(dataset)  # type: ignore[arg-type]
+                sampler = self._sequential_sampler_cls(dataset)
 
         if batch_size is not None and batch_sampler is None:
             # a map-style dataset's sampler yields ints; an iterable's (InfiniteConstantSampler)
             # yields None, which the iterable fetcher ignores
-            batch_sampler = BatchSampler(sampler, batch_size, drop_last, last_batch=last_batch)  # type: ignore[arg-type]
+            batch_sampler = self._batch_sampler(sampler, batch_size, drop_last, last_batch)
 
         self.batch_size = batch_size
         self.drop_last = drop_last
-        self.last_batch = last_batch if last_batch is not None else ("discard" if drop_last else "keep")
+        # as given (None: drop_last says), so that a framework re-creating the loader from its
+        # attributes passes what the user passed
+        self.last_batch = last_batch
+        self._warned_unsharded = False
         self.sampler = sampler
         self.batch_sampler = batch_sampler
         self.generator = generator
@@ -348,7 +355,7 @@ class DataLoader(Generic[T_co]):
         # a loader that shards with a DistributedSampler and has no generator agrees with the
         # other ranks on one (a collective, like the sampler's seed=None), so that a sample's
         # sample_rng() is the same whichever rank reads it
-        sharded = distributed_sampler(batch_sampler if batch_sampler is not None else sampler)
+        sharded = distributed_sampler(native_index_sampler(batch_sampler if batch_sampler is not None else sampler))
         rank, world_size, local_rank = ranks()
         group_size = torch_distributed_world()
         if sharded is not None and not group_size:  # its ranks are all we know
@@ -382,6 +389,19 @@ class DataLoader(Generic[T_co]):
         return start_method_of(self.multiprocessing_context)
 
     # ------------------------------------------------------------- flavour
+    @staticmethod
+    def _kind_of(iterable: bool) -> Any:
+        """`_dataset_kind`'s value: torch's DataLoader has an enum there."""
+        return "iterable" if iterable else "map"
+
+    @staticmethod
+    def _infinite_sampler() -> Sampler[None]:
+        return InfiniteConstantSampler()
+
+    @staticmethod
+    def _batch_sampler(sampler: Any, batch_size: int, drop_last: bool, last_batch: str | None) -> Any:
+        return BatchSampler(sampler, batch_size, drop_last, last_batch=last_batch)
+
     @staticmethod
     def _default_collate() -> Callable[[list[Any]], Any]:
         return _collate.default_collate
@@ -445,7 +465,7 @@ class DataLoader(Generic[T_co]):
         auto_workers, auto_prefetch = self._auto
         choice = choose(
             self.dataset,
-            iterable=self._dataset_kind == "iterable",
+            iterable=self._iterable,
             collate_fn=self.collate_fn,
             auto_collation=self._auto_collation,
             batch_size=self.batch_size,
@@ -459,7 +479,7 @@ class DataLoader(Generic[T_co]):
     def _choice_in_epoch(self) -> bool:
         """num_workers="auto" on a map-style dataset: the first epoch chooses, from its own
         first batches."""
-        return self._auto is not None and self._auto[0] and self._dataset_kind == "map"
+        return self._auto is not None and self._auto[0] and not self._iterable
 
     def _adopt(self, choice: Choice, iterator: LoaderIterator[Any] | None = None) -> None:
         """Keep the "auto" choice; a persistent iterator that moved to its workers is kept."""
@@ -502,9 +522,9 @@ class DataLoader(Generic[T_co]):
         prefetch = self.prefetch_factor if workers > 0 and self.prefetch_factor is not None else 1
         return LoadPlan(
             dataset=self.dataset,
-            dataset_kind=self._dataset_kind,
+            dataset_kind="iterable" if self._iterable else "map",
             auto_collation=self._auto_collation,
-            index_sampler=self._index_sampler,
+            index_sampler=native_index_sampler(self._index_sampler),
             collate_fn=self.collate_fn,
             drop_last=self.drop_last,
             batch_size=self.batch_size,
@@ -547,6 +567,9 @@ class DataLoader(Generic[T_co]):
             return self._iterator
         if self._auto is None:
             warn_if_too_many_workers(self.num_workers, stacklevel=3)
+        if not self._warned_unsharded:
+            self._warned_unsharded = True
+            self._warn_if_unsharded()
         resume, self._resume = self._resume, None
         if resume is None and self._latest is not None:
             # a resumed run whose next epoch the saved run had already drawn (prefetched by
@@ -563,12 +586,31 @@ class DataLoader(Generic[T_co]):
             self._iterator = iterator
         return iterator
 
+    def _warn_if_unsharded(self) -> None:
+        """Warn when several training ranks run and this loader's sampler does not split the
+        dataset by rank: every rank would read all of it."""
+        if self._iterable:  # a stream may shard itself by rank: nothing to see from here
+            return
+        world = torch_distributed_world() or ranks()[1]
+        if world <= 1 or shards_by_rank(self._index_sampler):
+            return
+        warnings.warn(
+            f"{world} training ranks are running and this DataLoader's sampler "
+            f"({type(self.sampler).__name__}) does not split the dataset by rank, so every rank "
+            "reads the whole dataset. Give it sampler=DistributedSampler(dataset) (or let your "
+            "framework inject one: pass the loader to Lightning's Trainer or accelerate's "
+            "prepare); if every rank should read everything (evaluation on each rank), silence "
+            "this with warnings.filterwarnings('ignore', category=stoker.UnshardedWarning)",
+            UnshardedWarning,
+            stacklevel=3,
+        )
+
     # ----------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is: its current iterator's position (or the start of its next
         epoch), as plain JSON values. `load_state_dict` on a loader of the same configuration
         makes its next `iter()` continue exactly from here. Map-style datasets only."""
-        if self._dataset_kind == "iterable" and not (
+        if self._iterable and not (
             hasattr(self.dataset, "state_dict") and hasattr(self.dataset, "load_state_dict")
         ):
             raise TypeError(
@@ -582,7 +624,7 @@ class DataLoader(Generic[T_co]):
         plan = self._plan()
         point = self._latest.point() if self._latest is not None else None
         if point is None:
-            iterable = self._dataset_kind == "iterable"
+            iterable = self._iterable
             point = {
                 "epoch": self._epochs_started,
                 "position": 0,
@@ -624,7 +666,7 @@ class DataLoader(Generic[T_co]):
     def __len__(self) -> int:
         """The number of batches in an epoch; for an IterableDataset, an estimate from
         `len(dataset)` (a warning follows if more batches arrive)."""
-        if self._dataset_kind == "iterable":
+        if self._iterable:
             length = self._iterable_len_called = len(self.dataset)  # type: ignore[arg-type]
             if self.batch_size is not None:
                 length = length // self.batch_size if self.drop_last else math.ceil(length / self.batch_size)

@@ -68,6 +68,45 @@ def get_worker_info() -> WorkerInfo[Any] | None:
     return info if info is not None else _process_info
 
 
+def tell_torch(info: WorkerInfo[Any] | None, thread: bool) -> bool:
+    """Make `torch.utils.data.get_worker_info()` answer with `info` (None: clear it) in this
+    worker, as it does in torch's own workers, if torch's data package is loaded here (stoker
+    never imports it into a worker). Returns whether it was loaded.
+
+    A process worker sets torch's process-wide record, as torch's workers do. Thread workers
+    share the process, so torch's function is replaced (once, in torch's modules) by one that
+    reads a thread-local record first and falls back to torch's own."""
+    torch_worker: Any = sys.modules.get("torch.utils.data._utils.worker")
+    if torch_worker is None:
+        return False
+    record = None
+    if info is not None:
+        record = torch_worker.WorkerInfo(id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset)
+    if thread:
+        _thread_aware(torch_worker)
+        _thread_info.torch = record
+    else:
+        torch_worker._worker_info = record
+    return True
+
+
+def _thread_aware(torch_worker: Any) -> None:
+    if getattr(torch_worker.get_worker_info, "_stoker_threads", False):
+        return
+    torch_own = torch_worker.get_worker_info
+
+    def get_worker_info() -> Any:
+        record = getattr(_thread_info, "torch", None)
+        return record if record is not None else torch_own()
+
+    get_worker_info.__doc__ = torch_own.__doc__
+    get_worker_info._stoker_threads = True  # type: ignore[attr-defined]
+    torch_worker.get_worker_info = get_worker_info
+    torch_data: Any = sys.modules.get("torch.utils.data")
+    if torch_data is not None and getattr(torch_data, "get_worker_info", None) is torch_own:
+        torch_data.get_worker_info = get_worker_info
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     """Everything a worker needs, fixed when the worker starts."""
@@ -147,6 +186,7 @@ def run_worker(
         _thread_info.info = info
     else:
         _process_info = info
+    told_torch = tell_torch(info, config.thread)
     kind = "thread worker" if config.thread else "worker"
     label = f"in DataLoader {kind} {config.worker_id} (pid {os.getpid()})"
     iterable = config.dataset_kind == "iterable"
@@ -177,6 +217,8 @@ def run_worker(
                 fetcher.reset()
                 continue
             assert isinstance(message, Task)
+            if not told_torch:  # a dataset may import torch after the worker started
+                told_torch = tell_torch(info, config.thread)
             start = clock() if timed else 0.0
             if around_fetch is None:
                 reply = _serve(fetcher, message, init_error, label, iterable, config.thread, batch_seed, config.rank)
@@ -192,6 +234,7 @@ def run_worker(
     finally:
         if config.thread:
             _thread_info.info = None
+            tell_torch(None, thread=True)
 
 
 def with_work(reply: Done, fetcher: MapFetcher | IterableFetcher, unreported: float, start: float) -> Done:

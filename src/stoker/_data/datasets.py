@@ -270,6 +270,7 @@ def random_split(
     generator: GeneratorLike = None,
     *,
     _flavour: str = "numpy",
+    _subset: type[Subset[T]] | None = None,
 ) -> list[Subset[T]]:
     """Split a dataset into non-overlapping random subsets of the given lengths or fractions.
 
@@ -277,7 +278,8 @@ def random_split(
     """
     sizes = _split_lengths(len(dataset), lengths)  # type: ignore[arg-type]
     order = RandomSource(generator, _flavour).draws().permutation(sum(sizes))
+    subset = Subset if _subset is None else _subset
     return [
-        Subset(dataset, order[end - size : end])
+        subset(dataset, order[end - size : end])
         for end, size in zip(itertools.accumulate(sizes), sizes)
     ]

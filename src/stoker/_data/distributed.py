@@ -77,6 +77,29 @@ def _from_env(name: str, default: int) -> int:
         raise ValueError(f"environment variable {name} should be an integer, but got {name}={raw!r}") from None
 
 
+# attribute pairs that mark a sampler as one rank's share: torch's and stoker's
+# DistributedSampler (and Lightning's wrapper of it), accelerate's BatchSamplerShard
+_RANK_MARKS = (("num_replicas", "rank"), ("num_processes", "process_index"))
+# where samplers and batch samplers keep the one they wrap
+_WRAPPED = ("sampler", "batch_sampler", "_sampler", "_batch_sampler")
+
+
+def shards_by_rank(index_sampler: Any) -> bool:
+    """Whether `index_sampler` (a sampler or a batch sampler, possibly wrapping others) gives
+    each training rank its own share of the dataset."""
+    seen: set[int] = set()
+    todo = [index_sampler]
+    while todo:
+        part = todo.pop()
+        if part is None or id(part) in seen or len(seen) > 16:
+            continue
+        seen.add(id(part))
+        if any(hasattr(part, a) and hasattr(part, b) for a, b in _RANK_MARKS):
+            return True
+        todo.extend(getattr(part, name, None) for name in _WRAPPED)
+    return False
+
+
 class DistributedSampler(Sampler[int]):
     """Indices of one replica's shard; shuffled per epoch from `seed + epoch` when `shuffle`.
 

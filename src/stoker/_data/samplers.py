@@ -9,6 +9,7 @@ so the order of an epoch is fixed by the state of their `RandomSource` at that m
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Iterable, Iterator, Sequence, Sized
 from typing import Any, Generic, TypeVar
 
@@ -83,6 +84,11 @@ class RandomSampler(Sampler[int]):
     def generator(self) -> GeneratorLike:
         return self._source.generator
 
+    @generator.setter
+    def generator(self, generator: GeneratorLike) -> None:
+        # frameworks set it (accelerate gives each rank one synchronised generator)
+        self._source = RandomSource(generator, type(self)._flavour)
+
     @property
     def num_samples(self) -> int:
         return len(self.data_source) if self._num_samples is None else int(self._num_samples)
@@ -120,6 +126,11 @@ class SubsetRandomSampler(Sampler[int]):
     @property
     def generator(self) -> GeneratorLike:
         return self._source.generator
+
+    @generator.setter
+    def generator(self, generator: GeneratorLike) -> None:
+        # frameworks set it (accelerate gives each rank one synchronised generator)
+        self._source = RandomSource(generator, type(self)._flavour)
 
     def __iter__(self) -> Iterator[int]:
         indices = self.indices
@@ -171,6 +182,11 @@ class WeightedRandomSampler(Sampler[int]):
     @property
     def generator(self) -> GeneratorLike:
         return self._source.generator
+
+    @generator.setter
+    def generator(self, generator: GeneratorLike) -> None:
+        # frameworks set it (accelerate gives each rank one synchronised generator)
+        self._source = RandomSource(generator, type(self)._flavour)
 
     def __iter__(self) -> Iterator[int]:
         yield from self._source.draws().multinomial(self._array, self.num_samples, self.replacement)
@@ -279,6 +295,42 @@ class BatchSampler(Sampler[list[int]]):
         if self.drop_last:
             return n // self.batch_size
         return (n + self.batch_size - 1) // self.batch_size
+
+
+class BatchesOf(BatchSampler):
+    """stoker's view of another library's plain batch sampler (torch's `BatchSampler`): the
+    same batches, read live from it (its sampler may be replaced after the loader is made),
+    with stoker's skip-without-fetching for resume."""
+
+    def __init__(self, batches: Any) -> None:
+        self._of = batches
+        self._leftover = []
+
+    @property
+    def sampler(self) -> Any:  # type: ignore[override]
+        return self._of.sampler
+
+    @property
+    def batch_size(self) -> int:  # type: ignore[override]
+        return int(self._of.batch_size)
+
+    @property
+    def drop_last(self) -> bool:  # type: ignore[override]
+        return bool(self._of.drop_last)
+
+    @property
+    def last_batch(self) -> str:  # type: ignore[override]
+        return "discard" if self._of.drop_last else "keep"
+
+
+def native_index_sampler(index_sampler: Any) -> Any:
+    """The index sampler stoker iterates for `index_sampler`: torch's own `BatchSampler`
+    (exactly that class, whose batches are plain chunks of its sampler) as a `BatchesOf`
+    view; anything else as it is."""
+    torch_data = sys.modules.get("torch.utils.data")
+    if torch_data is not None and type(index_sampler) is torch_data.BatchSampler:
+        return BatchesOf(index_sampler)
+    return index_sampler
 
 
 class InfiniteConstantSampler(Sampler[None]):

@@ -1,0 +1,59 @@
+"""stoker.torch's `DataLoader`: stoker's loader, and a `torch.utils.data.DataLoader` to
+everything that asks.
+
+Training frameworks decide what to do with a loader by `isinstance(loader, DataLoader)` and
+by its attributes: Lightning injects a `DistributedSampler` and re-creates the loader with
+`type(loader)(**arguments)`, accelerate rebuilds it around a rank's shard. So this class
+subclasses torch's (whose `__init__` it never runs: every attribute torch's has is set by
+stoker's `__init__`), builds torch's own `BatchSampler` by default and reports torch's
+`_DatasetKind`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import torch.utils.data as _td
+from torch.utils.data.dataloader import _DatasetKind, _InfiniteConstantSampler
+
+from .._data import torch_kinds as _kinds
+from .._data.torch_collate import default_collate, default_convert
+from . import loader as _loader
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+class DataLoader(_loader.DataLoader[T_co], _td.DataLoader[T_co]):  # type: ignore[misc]
+    __doc__ = _loader.DataLoader.__doc__
+    _flavour = "torch"
+    _random_sampler_cls = _kinds.RandomSampler
+    _sequential_sampler_cls = _kinds.SequentialSampler
+
+    # Lightning records the arguments a loader was made with by wrapping the `__init__` of
+    # each DataLoader subclass that defines one (and re-creates the loader from them); so it
+    # is defined here, and stoker's own arguments (stats, max_worker_restarts, ...) survive
+    __init__ = _loader.DataLoader.__init__
+
+    @staticmethod
+    def _kind_of(iterable: bool) -> Any:
+        return _DatasetKind.Iterable if iterable else _DatasetKind.Map
+
+    @staticmethod
+    def _infinite_sampler() -> Any:
+        return _InfiniteConstantSampler()
+
+    @staticmethod
+    def _batch_sampler(sampler: Any, batch_size: int, drop_last: bool, last_batch: str | None) -> Any:
+        # torch's own class, as torch's loader makes it: frameworks treat exactly that class
+        # as "the loader's own batching" and re-create the loader around a new sampler
+        if last_batch == "rollover":
+            return _kinds.BatchSampler(sampler, batch_size, drop_last, last_batch=last_batch)
+        return _td.BatchSampler(sampler, batch_size, drop_last)
+
+    @staticmethod
+    def _default_collate() -> Any:
+        return default_collate
+
+    @staticmethod
+    def _default_convert() -> Any:
+        return default_convert
