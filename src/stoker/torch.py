@@ -24,7 +24,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
         "or use `stoker` (numpy batches) instead"
     ) from exc
 
-from ._core.device import to_device
+from ._core.device import normalize, to_device
 from ._core.errors import UnshardedWarning, WorkerDiedError, WorkerError, WorkerRestartWarning
 from ._core.seeding import sample_rng, sample_seed
 from ._core.stats import LoaderStats, WorkerStats
@@ -103,6 +103,7 @@ __all__ = [
     "default_collate_fn_map",
     "default_convert",
     "get_worker_info",
+    "normalize",
     "shard_for",
     "random_split",
     "sample_rng",

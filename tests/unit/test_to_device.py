@@ -4,6 +4,7 @@ stands in for the CUDA one, so that order, depth, lifetimes and errors are check
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
 from collections import namedtuple
 from dataclasses import dataclass
@@ -432,3 +433,88 @@ def test_cuda_copier_waits_for_queued_copies_when_a_copy_fails() -> None:
     with pytest.raises(RuntimeError, match="out of memory"):
         copier.start([torch.ones(1).as_subclass(Moving), torch.ones(1).as_subclass(Failing)])
     assert cuda.log == [("to", True, True), ("stream_synchronize", "side")]
+
+
+# ------------------------------------------------------------------- transform
+def test_transform_runs_on_each_moved_batch_on_the_cpu() -> None:
+    from stoker.torch import to_device
+
+    seen: list[Any] = []
+
+    def double(batch: Any) -> Any:
+        seen.append(batch)
+        return batch * 2
+
+    batches = list(to_device([torch.arange(3), torch.arange(3, 6)], "cpu", transform=double))
+    assert [b.tolist() for b in batches] == [[0, 2, 4], [6, 8, 10]] and len(seen) == 2
+
+
+def test_transform_error_surfaces_at_its_batch_after_the_earlier_ones() -> None:
+    from stoker.torch import to_device
+
+    def picky(batch: Any) -> Any:
+        if int(batch[0]) == 3:
+            raise KeyError("no threes")
+        return batch
+
+    it = iter(to_device([torch.tensor([1]), torch.tensor([2]), torch.tensor([3]), torch.tensor([4])], "cpu",
+                        depth=2, transform=picky))
+    assert int(next(it)[0]) == 1 and int(next(it)[0]) == 2
+    with pytest.raises(KeyError, match="no threes") as caught:
+        next(it)
+    if sys.version_info >= (3, 11):
+        assert any("to_device's transform" in note and "picky" in note for note in caught.value.__notes__)
+    assert int(next(it)[0]) == 4  # the loader goes on, as after a loader error
+
+
+def test_transform_not_callable_is_a_type_error() -> None:
+    from stoker.torch import to_device
+
+    with pytest.raises(TypeError, match="transform"):
+        to_device([], "cpu", transform=3)  # type: ignore[arg-type]
+
+
+def test_normalize_converts_uint8_per_channel_and_leaves_the_rest() -> None:
+    from stoker.torch import normalize, to_device
+
+    images = torch.randint(0, 256, (4, 3, 5, 5), dtype=torch.uint8)
+    labels = torch.arange(4)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    (out,) = list(to_device([{"image": images, "label": labels}], "cpu", transform=normalize(mean, std)))
+    want = (images.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+    assert out["image"].dtype == torch.float32 and torch.allclose(out["image"], want, atol=1e-6)
+    assert torch.equal(out["label"], labels)
+    pair = normalize(mean, std, key=0)((images, images))
+    assert pair[0].dtype == torch.float32 and pair[1].dtype == torch.uint8
+    with pytest.raises(ValueError, match="3 channels"):
+        normalize(mean, std)(torch.zeros(2, 4, 2, 2, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="std"):
+        normalize(mean, (1.0, 0.0, 1.0))
+    with pytest.raises(ValueError, match="one value per channel"):
+        normalize(mean, (1.0,))
+
+
+def test_cuda_copier_runs_the_transform_on_the_side_stream_before_the_event() -> None:
+    from types import SimpleNamespace
+
+    from stoker._core.device import CudaCopier
+
+    cuda = FakeCuda()
+    Moving.cuda = cuda
+
+    def transform(batch: Any) -> Any:
+        cuda.log.append(("transform", cuda.in_side_stream))
+        return {"x": batch["x"], "extra": torch.zeros(1).as_subclass(Moving)}
+
+    copier = CudaCopier.__new__(CudaCopier)
+    copier._torch = SimpleNamespace(cuda=cuda)
+    copier.device = "cuda:0"
+    copier.stream = cuda.side
+    copier.transform = transform
+    handle = copier.start({"x": torch.ones(2).as_subclass(Moving)})
+    assert cuda.log == [("to", True, True), ("transform", True), ("record", "side", handle.event.id)]
+    cuda.log.clear()
+    moved = copier.ready(handle)
+    assert set(moved) == {"x", "extra"}
+    # the transform's output tensors are the ones marked as used by the consumer's stream
+    assert cuda.log == [("wait_event", "consumer", handle.event.id)] + [("record_stream", "consumer")] * 2

@@ -28,12 +28,14 @@ rules here are tested without an accelerator.
 
 from __future__ import annotations
 
+import copy
 import weakref
 from collections import deque
 from collections.abc import (
     Callable,
     Iterable,
     Iterator,
+    Sequence,
 )
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -87,12 +89,33 @@ class HostHandle:
     moved: Any
 
 
+Transform = Callable[[Any], Any]
+
+
+def _transformed(transform: Transform, batch: Any) -> Any:
+    """`transform(batch)`; its exception says where it was raised."""
+    try:
+        return transform(batch)
+    except Exception as error:
+        if hasattr(error, "add_note"):  # Python 3.11+
+            name = getattr(transform, "__qualname__", None) or repr(transform)
+            error.add_note(f"raised by to_device's transform {name} on a batch it was given")
+        raise
+
+
 class HostCopier:
-    """`tensor.to("cpu")` for every tensor: no stream, the copy (if any) done at `start`."""
+    """`tensor.to("cpu")` for every tensor: no stream, the copy (if any) done at `start`;
+    then `transform`, if given, on the moved batch."""
+
+    def __init__(self, transform: Transform | None = None) -> None:
+        self.transform = transform
 
     def start(self, batch: Any) -> HostHandle:
-        """The batch with its tensors on the CPU."""
-        return HostHandle(batch, map_tensors(batch, lambda t: t.to("cpu")))
+        """The batch with its tensors on the CPU, transformed."""
+        moved = map_tensors(batch, lambda t: t.to("cpu"))
+        if self.transform is not None:
+            moved = _transformed(self.transform, moved)
+        return HostHandle(batch, moved)
 
     def ready(self, handle: HostHandle) -> Any:
         """The moved batch."""
@@ -115,18 +138,23 @@ class CudaHandle:
 
 
 class CudaCopier:
-    """Copies on a side stream of `device`, one event per batch (see the module's docstring)."""
+    """Copies on a side stream of `device`, one event per batch (see the module's docstring);
+    `transform`, if given, runs on each copied batch on that stream, before the event."""
 
-    def __init__(self, device: Any) -> None:
+    transform: Transform | None = None
+
+    def __init__(self, device: Any, transform: Transform | None = None) -> None:
         """`device`: a `torch.device` of type cuda with an index."""
         import torch
 
         self._torch = torch
         self.device = device
         self.stream = torch.cuda.Stream(device=device)
+        self.transform = transform
 
     def start(self, batch: Any) -> CudaHandle:
-        """Queue the copies of `batch`'s tensors on the side stream and record an event."""
+        """Queue the copies of `batch`'s tensors (and the transform's work) on the side stream
+        and record an event."""
         torch = self._torch
         tensors: list[Any] = []
 
@@ -135,9 +163,17 @@ class CudaCopier:
             tensors.append(moved)
             return moved
 
+        def keep(tensor: Any) -> Any:
+            tensors.append(tensor)
+            return tensor
+
         with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
             try:
                 moved = map_tensors(batch, move)
+                if self.transform is not None:
+                    moved = _transformed(self.transform, moved)
+                    tensors = []  # the transform's output is what the consumer's stream uses
+                    moved = map_tensors(moved, keep)
             except BaseException:
                 # copies already queued still read the host batch: let them finish first
                 self.stream.synchronize()
@@ -362,7 +398,11 @@ def resolve_device(device: object) -> Any:
 
 
 def to_device(
-    loader: Iterable[Any], device: Any = None, *, depth: int = DEFAULT_DEPTH
+    loader: Iterable[Any],
+    device: Any = None,
+    *,
+    depth: int = DEFAULT_DEPTH,
+    transform: Transform | None = None,
 ) -> DeviceLoader[Any]:
     """An iterable over `loader`'s batches with every tensor in them already on `device`.
 
@@ -387,12 +427,90 @@ def to_device(
     tensors with `.to("cpu")` and no stream; None (the default): this rank's device, the one
     torchrun's LOCAL_RANK names, else the current CUDA device. `depth`: batches copied ahead, an int >= 1.
 
+    `transform`: a function of one batch, run on each batch once it is on the device, on the
+    copy stream after the batch's copy (so it overlaps the consumer's step, as the copy does),
+    returning the batch the consumer gets. Workers can then ship uint8 images (a quarter of
+    float32's bytes) and leave float conversion and normalisation to the GPU: see
+    `normalize`. On the CPU it runs on the CPU, so the same code runs everywhere. Its
+    exception surfaces at its batch, like the loader's, with a note naming the transform.
+
     Breaking out of the loop is safe: closing or dropping the iterator waits for the copies in
     flight and lets their batches go. An exception the loader raises surfaces at the batch
     where it was raised, after the earlier batches. Raises TypeError or ValueError (naming the
-    argument) for a bad `depth` or `device`, ValueError for a CUDA device that does not exist.
+    argument) for a bad `depth`, `device` or `transform`, ValueError for a CUDA device that
+    does not exist.
     """
     depth = check_depth(depth)
+    if transform is not None and not callable(transform):
+        raise TypeError(
+            f"transform should be a function of one batch or None, got {type(transform).__name__} {transform!r}"
+        )
     resolved = resolve_device(default_device() if device is None else device)
-    copier: Copier[Any] = HostCopier() if resolved.type == "cpu" else CudaCopier(resolved)
+    copier: Copier[Any] = (
+        HostCopier(transform) if resolved.type == "cpu" else CudaCopier(resolved, transform)
+    )
     return DeviceLoader(loader, copier, depth)
+
+
+def normalize(
+    mean: Sequence[float],
+    std: Sequence[float],
+    *,
+    scale: float = 255.0,
+    dtype: Any = None,
+    key: Any = None,
+) -> Transform:
+    """A `to_device` transform: every uint8 tensor of a batch (or only `batch[key]`) becomes
+    `(x / scale - mean) / std` in `dtype` (default float32), with `mean` and `std` per channel
+    along dimension 1 (N, C, ...); other tensors and objects are left as they are.
+
+    For ImageNet statistics: `normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))`.
+    Raises ValueError for `mean` and `std` of different lengths, or a zero in `std`; a batch
+    whose channel count differs from theirs raises at that batch, naming both.
+    """
+    import torch
+
+    means, stds = [float(m) for m in mean], [float(s) for s in std]
+    if len(means) != len(stds) or not means:
+        raise ValueError(f"mean and std should give one value per channel each, got {len(means)} and {len(stds)}")
+    if any(s == 0 for s in stds):
+        raise ValueError(f"std should have no zero, got std={stds}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale <= 0:
+        raise ValueError(f"scale should be a positive number, got scale={scale!r}")
+    target = torch.float32 if dtype is None else dtype
+    # (x / scale - mean) / std as one multiply-add: x * a + b
+    multiplier = [1.0 / (scale * s) for s in stds]
+    offset = [-m / s for m, s in zip(means, stds)]
+    cached: dict[Any, tuple[Any, Any]] = {}
+
+    def one(tensor: Any) -> Any:
+        if tensor.dtype != torch.uint8:
+            return tensor
+        if tensor.dim() < 2 or tensor.shape[1] != len(means):
+            raise ValueError(
+                f"normalize has {len(means)} channels of mean and std, but got a uint8 tensor of "
+                f"shape {tuple(tensor.shape)} (channels along dimension 1)"
+            )
+        where = (tensor.device, tensor.dim())
+        if where not in cached:
+            shape = (1, len(means)) + (1,) * (tensor.dim() - 2)
+            cached[where] = (
+                torch.tensor(multiplier, dtype=target, device=tensor.device).view(shape),
+                torch.tensor(offset, dtype=target, device=tensor.device).view(shape),
+            )
+        a, b = cached[where]
+        return torch.addcmul(b, tensor.to(target), a)
+
+    def transform(batch: Any) -> Any:
+        if key is None:
+            return map_tensors(batch, one)
+        if isinstance(batch, tuple):  # a tuple or a namedtuple: rebuilt with the one item changed
+            items = list(batch)
+            items[key] = one(items[key])
+            return type(batch)(*items) if hasattr(batch, "_fields") else tuple(items)
+        batch = copy.copy(batch)
+        batch[key] = one(batch[key])
+        return batch
+
+    transform.__qualname__ = f"normalize(mean={means}, std={stds})"
+    return transform
