@@ -57,12 +57,13 @@ import threading
 import warnings
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from .._data.torch_collate import TensorLeaf
+from .hostpin import Fence, Registrar, Registry, address_of
 from .protocol import Done, Reply, Request, Task
 from .transport import recv_out_of_band
 
@@ -177,15 +178,19 @@ _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 class _Unmap:
-    """Unmaps a slot when the buffer that owns the mapping is garbage-collected."""
+    """Unmaps a slot when the buffer that owns the mapping is garbage-collected; `before`
+    (if set) runs first (the main process unregisters a pinned slot there)."""
 
-    __slots__ = ("address", "size")
+    __slots__ = ("address", "before", "size")
 
     def __init__(self, address: int, size: int) -> None:
         self.address = address
         self.size = size
+        self.before: Any = None
 
     def __del__(self) -> None:
+        if self.before is not None:
+            self.before(self.address)
         _libc.munmap(self.address, self.size)
 
 
@@ -478,21 +483,41 @@ class SlotPool:
         self.leases: dict[int, weakref.ref[np.ndarray]] = {}  # slot id -> its batch's owner array
         self._returns: dict[int, _Return] = {}
         self.peak_need = 0  # bytes the largest batch so far occupied
+        # pinned slots (see hostpin): a released slot is fenced, and handed out once its
+        # fence is done, so that no worker writes into it while a copy may still read it
+        self.fence: Callable[[], Fence] | None = None
+        self.fences: dict[int, Fence] = {}
 
     def take_free(self, mapped: set[int]) -> int | None:
-        """A free slot, preferring one the asking process maps already; the largest of those."""
+        """A free slot, preferring one the asking process maps already; the largest of those.
+        A fenced slot is taken only once its fence is done, or (when no other slot is free)
+        after waiting for it."""
         while self.released:
             slot_id = self.released.popleft()
             if slot_id in self.maps:
                 self.free.append(slot_id)
+                if self.fence is not None:
+                    self.fences[slot_id] = self.fence()
         best, best_key = -1, (False, -1)
+        fenced = -1
         for i, slot_id in enumerate(self.free):
             held = slot_id in mapped
             if held or slot_id in self.fds:
+                fence = self.fences.get(slot_id)
+                if fence is not None and not fence.done():
+                    fenced = i if fenced < 0 else fenced
+                    continue
                 key = (held, self.sizes[slot_id])
                 if key > best_key:
                     best, best_key = i, key
-        return None if best < 0 else self.free.pop(best)
+        if best < 0 and fenced >= 0:  # the oldest copy in flight finishes soon: wait for it
+            self.fences[self.free[fenced]].wait()
+            best = fenced
+        if best < 0:
+            return None
+        slot_id = self.free.pop(best)
+        self.fences.pop(slot_id, None)
+        return slot_id
 
     def lease(self, slot_id: int) -> np.ndarray:
         """The array every view of the slot's batch derives from; when the last of them is
@@ -511,6 +536,7 @@ class SlotPool:
         self.maps.pop(slot_id, None)
         self.sizes.pop(slot_id, 0)
         self.leases.pop(slot_id, None)
+        self.fences.pop(slot_id, None)
         self._returns.pop(slot_id, None)
         return self.fds.pop(slot_id, None)
 
@@ -546,7 +572,26 @@ class Arena:
         self._warned_fallback = False
         self._warned_held = False
         self._workers: set[int] = set()  # worker ids served (the held-slots warning scales with them)
+        self.registry: Registry | None = None  # set by `pin`: slots registered with CUDA
         weakref.finalize(self, _close_fds, self.slots)
+
+    def pin(self, registrar: Registrar) -> Registry:
+        """Register every slot this process maps with `registrar` (now and from now on), and
+        fence released slots; kept for the arena's life. Returns the registry."""
+        with self._lock:
+            if self.registry is None:
+                self.registry = Registry(registrar)
+                self.slots.fence = registrar.fence
+                for buffer in self.slots.maps.values():
+                    self._register(buffer)
+            return self.registry
+
+    def _register(self, buffer: Any) -> None:
+        registry = self.registry
+        assert registry is not None
+        address = address_of(buffer)
+        if registry.add(address, len(buffer)):
+            buffer._unmap.before = registry.remove
 
     def order(self, worker_id: int, mapped: set[int], drop: tuple[int, ...] = ()) -> SlotOrder:
         """Where the next task of worker `worker_id` collates; `mapped`: slots its process
@@ -614,6 +659,8 @@ class Arena:
         except BaseException:
             os.close(fd)
             raise
+        if self.registry is not None:
+            self._register(pool.maps[slot_id])
         pool.sizes[slot_id] = size
         if len(pool.fds) < self._fd_budget:
             pool.fds[slot_id] = fd

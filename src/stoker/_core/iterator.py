@@ -36,9 +36,11 @@ import os
 import time
 import warnings
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
+from . import hostpin
 from .auto import Head
 from .bar import EpochBar
 from .engines import Death, Engine, make_engine
@@ -82,6 +84,9 @@ class LoaderIterator(Generic[T]):
         # torch pins inline with num_workers=0 and on a pin thread with workers; so do we
         self._pin_inline = pin if plan.num_workers == 0 else None
         self._pinner = PinThread(pin, init=device_setup()) if pin is not None and plan.num_workers > 0 else None
+        # batches born pinned in a registered arena slot skip the pin thread (see hostpin)
+        self._born_pinned = _pinned_arena(plan.arena) if pin is not None else None
+        self._unpinned: set[int] = set()  # tasks handed to the pin thread
         self._head = Head(plan.auto) if plan.auto is not None else None
         self._engine: Engine = make_engine(plan, self._base_seed)
         # one Recorder for the iterator's life, counting each epoch afresh (see _begin_stats)
@@ -164,7 +169,9 @@ class LoaderIterator(Generic[T]):
                 self._replica_of.pop(task_id, None)
             if self._pinner is not None:
                 for task_id in dropped:
-                    self._pinner.discard(task_id)
+                    if task_id in self._unpinned:
+                        self._unpinned.discard(task_id)
+                        self._pinner.discard(task_id)
         if scheduler.current_epoch is None:
             self._begin_epoch()
         self._progress.replicas.clear()  # the replicas' states of the epoch now delivering
@@ -301,6 +308,7 @@ class LoaderIterator(Generic[T]):
         if self._pin is not None:
             self._pin_inline = None
             self._pinner = self._running.pinner = PinThread(self._pin, init=device_setup())
+            self._born_pinned = _pinned_arena(plan.arena)
         self._prefetch_next = plan.persistent and not _has_set_epoch(plan.index_sampler)
         try:
             engine.start()
@@ -355,7 +363,9 @@ class LoaderIterator(Generic[T]):
                 self._recorder.received(worker_id, reply.work)
             kept = self._scheduler.complete(worker_id, reply)
             if kept and self._pinner is not None and isinstance(reply, Done):
-                self._pinner.submit(reply.task_id, reply.payload)  # pinned while we wait
+                if self._born_pinned is None or not self._born_pinned(reply.payload):
+                    self._unpinned.add(reply.task_id)
+                    self._pinner.submit(reply.task_id, reply.payload)  # pinned while we wait
 
     def _fail(self, exc: BaseException) -> None:
         """Shut the workers down and make the iterator refuse further use, then raise."""
@@ -459,7 +469,8 @@ class LoaderIterator(Generic[T]):
         if self._bar is not None:
             self._bar.advance(recorder)
         self._warn_if_longer_than_reported()
-        if self._pinner is not None:
+        if self._pinner is not None and reply.task_id in self._unpinned:
+            self._unpinned.discard(reply.task_id)
             return self._pinner.take(reply.task_id)
         if self._pin_inline is not None:
             return self._pin_inline(reply.payload)
@@ -580,6 +591,17 @@ def _length(sized: Any) -> int | None:
 
 def _died(death: Death) -> str:
     return str(WorkerDiedError(death.worker_id, death.pid, death.exitcode))
+
+
+def _pinned_arena(arena: Any) -> Callable[[Any], bool] | None:
+    """With pin_memory=True: the test of a batch born pinned in `arena`'s slots registered
+    with CUDA (registering them from now on), or None without an arena or CUDA."""
+    if arena is None:
+        return None
+    registrar = hostpin.cuda_registrar()
+    if registrar is None:
+        return None
+    return arena.pin(registrar).born_pinned
 
 
 def _has_set_epoch(index_sampler: Any) -> bool:

@@ -1,0 +1,233 @@
+"""The pinned arena's bookkeeping, with a registrar double standing in for CUDA: only the main
+process registers; each mapping is registered once, and unregistered while still mapped —
+when a slot is retired, at close, after a killed worker; a released slot goes to a worker
+only once its fence is done; a registration that fails falls back to the pin thread with
+one warning; batches born in registered slots skip the pin step and arrive exact."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import stoker.torch as st  # noqa: E402
+from stoker._core import hostpin, iterator  # noqa: E402
+from stoker._core.arena import SlotPool  # noqa: E402
+
+ROWS = 4096  # float32: 16 KiB a sample
+
+
+def mapped(address: int) -> bool:
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            low, high = (int(part, 16) for part in line.split()[0].split("-"))
+            if low <= address < high:
+                return True
+    return False
+
+
+class Fence:
+    def __init__(self, done: bool = True) -> None:
+        self.is_done = done
+        self.waited = False
+
+    def done(self) -> bool:
+        return self.is_done
+
+    def wait(self) -> None:
+        self.waited = True
+        self.is_done = True
+
+
+class Registrar:
+    """Records every call with the calling pid; checks what CUDA would require."""
+
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.main = os.getpid()
+        self.log: list[tuple[int, str, int]] = []
+        self.registered: set[int] = set()
+        self.fail_after = fail_after
+        self.fences = 0
+        self.lock = threading.Lock()
+
+    def register(self, address: int, size: int) -> None:
+        with self.lock:
+            if self.fail_after is not None and len(self.log) >= self.fail_after:
+                raise RuntimeError("cudaErrorMemoryAllocation (locked-memory limit)")
+            assert address not in self.registered, "registered twice"
+            assert mapped(address), "registered before it was mapped"
+            self.registered.add(address)
+            self.log.append((os.getpid(), "register", address))
+
+    def unregister(self, address: int) -> None:
+        with self.lock:
+            assert address in self.registered, "unregistered but never registered"
+            assert mapped(address), "unmapped before it was unregistered"
+            self.registered.discard(address)
+            self.log.append((os.getpid(), "unregister", address))
+
+    def fence(self) -> Fence:
+        self.fences += 1
+        return Fence()
+
+
+@pytest.fixture
+def registrar(monkeypatch: pytest.MonkeyPatch) -> Registrar:
+    """Pinning as if CUDA were here: the double registers, and the pin step is counted."""
+    double = Registrar()
+    monkeypatch.setattr(hostpin, "cuda_registrar", lambda: double)
+    return double
+
+
+@pytest.fixture
+def pin_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+
+    def pin(batch: Any) -> Any:
+        calls.append(1)
+        return batch
+
+    monkeypatch.setattr(iterator, "pin_function", lambda device, stacklevel: pin)
+    return calls
+
+
+class Rows(st.Dataset):
+    def __init__(self, n: int = 96, grow_at: int | None = None) -> None:
+        self.n, self.grow_at = n, grow_at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        rows = ROWS * (4 if self.grow_at is not None and i >= self.grow_at else 1)
+        return torch.full((rows,), float(i)), i
+
+
+def check_batches(loader: Any, n: int) -> None:
+    seen = []
+    for x, i in loader:
+        assert torch.equal(x[:, 0], i.float()) and torch.equal(x[:, -1], i.float())
+        seen += i.tolist()
+    assert sorted(seen) == list(range(n))
+
+
+def test_main_process_registers_each_slot_once_and_unregisters_it_at_close(
+    registrar: Registrar, pin_calls: list[int]
+) -> None:
+    loader = st.DataLoader(Rows(), batch_size=8, num_workers=2, pin_memory=True)
+    for _ in range(3):
+        check_batches(loader, 96)
+    registered = [entry for entry in registrar.log if entry[1] == "register"]
+    assert registered and {pid for pid, _, _ in registrar.log} == {registrar.main}
+    assert not pin_calls  # every batch was born pinned: no pin step
+    assert registrar.fences > 0  # released slots were fenced before reuse
+    del loader
+    gc.collect()
+    assert registrar.registered == set()  # unregistered (while mapped) when the arena went
+    assert len([e for e in registrar.log if e[1] == "unregister"]) == len(registered)
+
+
+def test_a_retired_slot_is_unregistered_before_it_is_unmapped(registrar: Registrar, pin_calls: list[int]) -> None:
+    loader = st.DataLoader(Rows(48, grow_at=24), batch_size=8, num_workers=1, pin_memory=True)
+    check_batches(loader, 48)  # batches of the second half outgrow their slots: retired
+    gc.collect()
+    unregistered = [e for e in registrar.log if e[1] == "unregister"]
+    assert unregistered, "the outgrown slots were not unregistered"
+    assert registrar.registered  # the loader's current slots stay registered
+    del loader
+    gc.collect()
+    assert registrar.registered == set()
+
+
+class KillsOnce(Rows):
+    def __init__(self, marker: Path) -> None:
+        super().__init__(64)
+        self.marker = marker
+
+    def __getitem__(self, i: int) -> Any:
+        if i == 20 and not self.marker.exists():
+            self.marker.write_text("killed")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(i)
+
+
+def test_registrations_stay_consistent_after_a_killed_worker(
+    registrar: Registrar, pin_calls: list[int], tmp_path: Path
+) -> None:
+    loader = st.DataLoader(KillsOnce(tmp_path / "killed"), batch_size=4, num_workers=2, pin_memory=True,
+                           max_worker_restarts=1)
+    with pytest.warns(st.WorkerRestartWarning):
+        check_batches(loader, 64)
+    check_batches(loader, 64)
+    assert (tmp_path / "killed").exists()
+    assert {pid for pid, _, _ in registrar.log} == {registrar.main}
+    del loader
+    gc.collect()
+    assert registrar.registered == set()
+
+
+def test_a_failed_registration_falls_back_to_the_pin_thread_with_one_warning(
+    monkeypatch: pytest.MonkeyPatch, pin_calls: list[int]
+) -> None:
+    double = Registrar(fail_after=1)
+    monkeypatch.setattr(hostpin, "cuda_registrar", lambda: double)
+    loader = st.DataLoader(Rows(), batch_size=8, num_workers=2, pin_memory=True)
+    with pytest.warns(RuntimeWarning, match="could not pin its shared-memory arena in place") as caught:
+        check_batches(loader, 96)
+        check_batches(loader, 96)
+    assert len([w for w in caught if "could not pin" in str(w.message)]) == 1
+    assert "locked-memory limit" in str(caught[0].message)
+    assert pin_calls  # batches in unregistered slots were pinned by the pin step
+    assert len(double.registered) == 1
+    del loader
+    gc.collect()
+    assert double.registered == set()
+
+
+def test_without_cuda_nothing_is_registered(pin_calls: list[int]) -> None:
+    assert hostpin.cuda_registrar() is None  # these machines have no GPU
+    loader = st.DataLoader(Rows(32), batch_size=8, num_workers=2, pin_memory=True)
+    check_batches(loader, 32)
+    assert len(pin_calls) == 4  # the pin thread pins every batch, as before
+
+
+# ------------------------------------------------------------------ the reuse guard
+def test_a_fenced_slot_waits_for_its_fence_before_reuse() -> None:
+    pool = SlotPool()
+    fences: list[Fence] = []
+
+    def fence() -> Fence:
+        fences.append(Fence(done=False))
+        return fences[-1]
+
+    pool.fence = fence
+    for slot_id in (1, 2):
+        pool.maps[slot_id], pool.sizes[slot_id], pool.fds[slot_id] = bytearray(8), 8, -1
+    pool.released.extend([1, 2])
+    fences_before = len(fences)
+    # both released slots are fenced; slot 2's copy completes first
+    assert pool.take_free(set()) == 1 and fences[0].waited  # none done: waits for the oldest
+    assert len(fences) == fences_before + 2
+    pool.released.append(1)
+    fences[1].is_done = True  # slot 2's fence
+    assert pool.take_free(set()) == 2 and not fences[2].waited  # a done slot before a pending one
+    assert pool.take_free(set()) == 1 and fences[2].waited
+    assert pool.take_free(set()) is None
+
+
+def test_born_pinned_sees_tensors_outside_registered_slots() -> None:
+    registry = hostpin.Registry(Registrar())
+    inside = np.zeros(1024, dtype=np.uint8)
+    registry._starts, registry._ends = [inside.ctypes.data], {inside.ctypes.data: inside.ctypes.data + 1024}
+    slot_tensor = torch.from_numpy(inside[64:128])
+    assert registry.born_pinned({"x": slot_tensor, "names": ["a"], "n": 3})
+    assert not registry.born_pinned({"x": slot_tensor, "y": [torch.zeros(3)]})
+    assert registry.born_pinned([torch.zeros(0), slot_tensor])  # an empty tensor has nothing to copy
