@@ -45,11 +45,13 @@ def test_measuring_code_on_the_cpu(tmp_path) -> None:
         warnings.simplefilter("ignore")
         report = gpubench.run(plan)
     assert len(report["ceiling"]["images_per_s"]) == 2 and report["ceiling"]["median"] > 0
-    rows = {(r["loader"], r["workers"], r["pin_memory"], r["to_device"]) for r in report["results"]}
-    assert rows == {(loader, 0, False, wrap) for loader in gpubench.LOADERS for wrap in (False, True)}
+    rows = {(r["loader"], r["workers"], r["pin_memory"], r["feed"]) for r in report["results"]}
+    assert rows == {(loader, 0, False, how) for loader in gpubench.LOADERS for how in gpubench.FEEDS}
     for row in report["results"]:
-        assert len(row["images_per_s"]) == 2
+        assert len(row["images_per_s"]) == len(row["cpu_ms_per_batch"]) == len(row["gb_per_s"]) == 2
         assert row["min"] <= row["median"] <= row["max"] and row["feed_ratio"] > 0
+        assert row["median_cpu_ms"] > 0 and row["median_gb_per_s"] > 0
+    assert report["copy_rates_gb_per_s"] == {}  # measured on a CUDA device only
     text = gpubench.table(report)
     assert "ceiling" in text and "stoker.torch" in text and "feed" in text
     path = tmp_path / "sub" / "g.json"
@@ -59,5 +61,6 @@ def test_measuring_code_on_the_cpu(tmp_path) -> None:
 
 def test_configurations_cover_the_matrix() -> None:
     configs = gpubench.configurations(gpubench.Plan())
-    assert len(configs) == 3 * 2 * 2 * 2
-    assert {c[0] for c in configs} == {4, 8, 14}
+    assert len(configs) == 2 * 2 * 2 * 3
+    assert {c[0] for c in configs} == {8, 14}
+    assert {c[3] for c in configs} == {"loop", "to_device", "normalize"}

@@ -13,13 +13,19 @@ Its sizes are fixed, not calibrated: they were chosen to cost about 4 ms per 256
 H100 (an estimate, not a measurement; the report gives the step's measured time).
 
 For each number of workers, each loader (stoker.torch, torch.utils.data), `pin_memory`
-False/True, and without/with `stoker.torch.to_device` ("without" is the usual
-`.to(device, non_blocking=True)` of every tensor in the loop; "with" wraps the loader, torch's
-too, in `to_device(loader, device)`), a fresh loader runs `warm` batches untimed, then
+False/True (stoker's True: its arena slots registered with CUDA, batches born pinned), and
+each way of feeding ("loop": the usual `.to(device, non_blocking=True)` of every tensor in the
+loop; "to_device": the loader, torch's too, wrapped in `to_device(loader, device)`;
+"normalize": `to_device(..., transform=normalize(mean, std))`, uint8 turned into normalised
+floats on the GPU, on the copy stream), a fresh loader runs `warm` batches untimed, then
 `measured` batches timed, the GPU synchronized before each clock reading. The ceiling is the
 same step looped on one batch already on the GPU. Repetitions are interleaved (the repetition
 loop is outermost); figures are medians with min-max, and the feed ratio is a configuration's
-median over the ceiling's median.
+median over the ceiling's median. Each row also gives the host-to-device rate it achieved
+(the batches' bytes over the timed window) and the main process's CPU time per batch (all
+its threads: the pin thread's copies count); beside them, the copy rates this machine allows
+(`copy_rates`: from ordinary memory, from `pin_memory()` memory, from a shared-memory mapping
+registered in place, and the `pin_memory()` copy itself).
 
 Nothing here sets OMP_NUM_THREADS or the like, or calls torch.set_num_threads. Without a CUDA
 GPU the run prints one line saying it skipped, and why, and succeeds.
@@ -27,6 +33,7 @@ GPU the run prints one line saying it skipped, and why, and succeeds.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import itertools
 import json
@@ -41,7 +48,11 @@ from typing import Any
 from . import bench
 
 LOADERS = ("stoker.torch", "torch")
-DEFAULT_WORKERS = (4, 8, 14)
+DEFAULT_WORKERS = (8, 14)
+FEEDS = ("loop", "to_device", "normalize")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+COPY_BYTES = 38 << 20  # about one W7 batch of 256 (3 x 224 x 224 uint8 = 147 KiB each)
 QUICK_WORKERS = (2,)
 BATCH_SIZE = 256
 STEM_CHANNELS = 64
@@ -80,12 +91,16 @@ class Row:
     loader: str
     workers: int
     pin_memory: bool
-    to_device: bool
+    feed: str  # one of FEEDS
     images_per_s: list[float] = field(default_factory=list)
+    cpu_ms_per_batch: list[float] = field(default_factory=list)
+    gb_per_s: list[float] = field(default_factory=list)
     median: float = 0.0
     min: float = 0.0
     max: float = 0.0
     feed_ratio: float = 0.0
+    median_cpu_ms: float = 0.0
+    median_gb_per_s: float = 0.0
 
 
 # ------------------------------------------------------------------------ the step
@@ -115,7 +130,9 @@ class Step:
     def __call__(self, images: Any, labels: Any) -> Any:
         """The loss of one batch (queued; not read)."""
         functional = self._functional
-        x = images.to(self.dtype).mul_(1 / 255)
+        # uint8 from the loader is scaled here; a batch normalised on the way (to_device's
+        # transform) arrives as floats already
+        x = images.to(self.dtype).mul_(1 / 255) if images.dtype == self._torch.uint8 else images.to(self.dtype)
         x = functional.conv2d(x, self.stem, stride=2, padding=3)
         x = functional.max_pool2d(functional.relu_(x), kernel_size=3, stride=2, padding=1)
         h = x.mean(dim=(2, 3)) @ self.project
@@ -163,11 +180,11 @@ def ceiling(plan: Plan, step: Step, batch: tuple[Any, Any]) -> float:
 
 
 def feed(
-    plan: Plan, step: Step, sources: Any, loader: str, workers: int, pin: bool, wrap: bool
-) -> float:
-    """Images/s of a fresh `loader` feeding the step, over `plan.measured` batches after
-    `plan.warm`."""
-    from stoker.torch import to_device
+    plan: Plan, step: Step, sources: Any, loader: str, workers: int, pin: bool, how: str
+) -> tuple[float, float, float]:
+    """(images/s, main-process CPU ms per batch, host-to-device GB/s) of a fresh `loader`
+    feeding the step `how` (one of FEEDS), over `plan.measured` batches after `plan.warm`."""
+    from stoker.torch import normalize, to_device
 
     module = _loader_module(loader)
     batches = plan.warm + plan.measured + DEPTH + 1  # the epoch outlasts the timed window
@@ -183,9 +200,11 @@ def feed(
         **extra,
     )
     device = step.device
-    source: Iterable[Any] = to_device(made, device, depth=DEPTH) if wrap else made
+    wrap = how != "loop"
+    transform = normalize(IMAGENET_MEAN, IMAGENET_STD, key=0) if how == "normalize" else None
+    source: Iterable[Any] = to_device(made, device, depth=DEPTH, transform=transform) if wrap else made
     iterator = iter(source)
-    started = finished = 0.0
+    started = finished = cpu_started = cpu_finished = 0.0
     try:
         for i, (images, labels) in enumerate(iterator):
             if not wrap:
@@ -194,10 +213,10 @@ def feed(
             step(images, labels)
             if i + 1 == plan.warm:
                 _synchronize(device)
-                started = time.perf_counter()
+                started, cpu_started = time.perf_counter(), time.process_time()
             elif i + 1 == plan.warm + plan.measured:
                 _synchronize(device)
-                finished = time.perf_counter()
+                finished, cpu_finished = time.perf_counter(), time.process_time()
                 break
     finally:
         close = getattr(iterator, "close", None)
@@ -207,12 +226,56 @@ def feed(
         gc.collect()
     if not finished:
         raise RuntimeError(f"{loader} gave fewer than {plan.warm + plan.measured} batches")
-    return plan.measured * plan.batch_size / (finished - started)
+    seconds = finished - started
+    batch_bytes = plan.batch_size * (3 * bench.W7_CROP * bench.W7_CROP + 8)  # uint8 images, int64 labels
+    return (
+        plan.measured * plan.batch_size / seconds,
+        1000 * (cpu_finished - cpu_started) / plan.measured,
+        plan.measured * batch_bytes / seconds / 1e9,
+    )
 
 
-def configurations(plan: Plan) -> list[tuple[int, str, bool, bool]]:
-    """(workers, loader, pin_memory, to_device) in the order each repetition runs them."""
-    return list(itertools.product(plan.workers, LOADERS, plan.pins, (False, True)))
+def configurations(plan: Plan) -> list[tuple[int, str, bool, str]]:
+    """(workers, loader, pin_memory, feed) in the order each repetition runs them."""
+    return list(itertools.product(plan.workers, LOADERS, plan.pins, FEEDS))
+
+
+def copy_rates(device: Any, nbytes: int = COPY_BYTES, repeats: int = 20) -> dict[str, float]:
+    """GB/s of host-to-device copies of `nbytes` on this machine: from ordinary memory, from
+    `pin_memory()` memory, from a shared-memory mapping registered in place with CUDA (as
+    stoker's pinned arena is), and of the `pin_memory()` copy itself (host to host)."""
+    import torch
+
+    from .._core.arena import _create_slot_memory
+    from .._core.hostpin import CudaRegistrar
+
+    def rate(source: Any) -> float:
+        target = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        target.copy_(source, non_blocking=True)
+        _synchronize(device)
+        started = time.perf_counter()
+        for _ in range(repeats):
+            target.copy_(source, non_blocking=True)
+        _synchronize(device)
+        return repeats * nbytes / (time.perf_counter() - started) / 1e9
+
+    ordinary = torch.ones(nbytes, dtype=torch.uint8)
+    rates = {"ordinary": rate(ordinary)}
+    started = time.perf_counter()
+    for _ in range(repeats // 4):
+        pinned = ordinary.pin_memory()
+    rates["pin_memory_copy"] = (repeats // 4) * nbytes / (time.perf_counter() - started) / 1e9
+    rates["pin_memory"] = rate(pinned)
+    fd, buffer = _create_slot_memory(nbytes)
+    os.close(fd)
+    registrar = CudaRegistrar(torch)
+    address = ctypes.addressof(buffer)
+    registrar.register(address, nbytes)
+    try:
+        rates["registered_mapping"] = rate(torch.frombuffer(buffer, dtype=torch.uint8))
+    finally:
+        registrar.unregister(address)
+    return rates
 
 
 def run(plan: Plan, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -231,22 +294,26 @@ def run(plan: Plan, progress: Callable[[str], None] | None = None) -> dict[str, 
     batch = _one_batch(plan, sources)
     ceilings: list[float] = []
     rows = {key: Row(key[1], key[0], key[2], key[3]) for key in configurations(plan)}
+    copies = copy_rates(device) if device.type == "cuda" else {}
     for rep in range(plan.reps):
         ceilings.append(ceiling(plan, step, batch))
         for row in rows.values():
             if progress is not None:
                 progress(
                     f"rep {rep + 1}/{plan.reps}: {row.loader} w={row.workers} pin={row.pin_memory} "
-                    f"to_device={row.to_device}"
+                    f"feed={row.feed}"
                 )
-            row.images_per_s.append(
-                feed(plan, step, sources, row.loader, row.workers, row.pin_memory, row.to_device)
-            )
+            rate, cpu_ms, gb_per_s = feed(plan, step, sources, row.loader, row.workers, row.pin_memory, row.feed)
+            row.images_per_s.append(rate)
+            row.cpu_ms_per_batch.append(cpu_ms)
+            row.gb_per_s.append(gb_per_s)
     top = statistics.median(ceilings)
     for row in rows.values():
         row.median = statistics.median(row.images_per_s)
         row.min, row.max = min(row.images_per_s), max(row.images_per_s)
         row.feed_ratio = row.median / top
+        row.median_cpu_ms = statistics.median(row.cpu_ms_per_batch)
+        row.median_gb_per_s = statistics.median(row.gb_per_s)
     return {
         "plan": asdict(plan),
         "machine": {**bench.environment(), **device_info(device)},
@@ -257,6 +324,7 @@ def run(plan: Plan, progress: Callable[[str], None] | None = None) -> dict[str, 
             "max": max(ceilings),
             "step_ms": 1000 * plan.batch_size / top,
         },
+        "copy_rates_gb_per_s": copies,
         "results": [asdict(row) for row in rows.values()],
     }
 
@@ -287,17 +355,31 @@ def table(report: dict[str, Any]) -> str:
         bench.environment_line(machine),
         f"ceiling (the step on a batch already on the device): {_rate(top['median'])} images/s "
         f"({_rate(top['min'])}-{_rate(top['max'])}), {top['step_ms']:.2f} ms per batch",
+    ]
+    copies = report.get("copy_rates_gb_per_s") or {}
+    if copies:
+        lines.append(
+            "host-to-device copies here (GB/s): ordinary memory {ordinary:.1f}, pin_memory() memory "
+            "{pin_memory:.1f}, a shared-memory mapping registered in place {registered_mapping:.1f}; "
+            "the pin_memory() copy itself {pin_memory_copy:.1f}".format(**copies)
+        )
+    lines += [
         "",
-        f"{'loader':<14}{'workers':>8}  {'pin_memory':<11}{'to_device':<10}{'images/s':>10}  {'min-max':<17}{'feed':>6}",
+        f"{'loader':<14}{'workers':>8}  {'pin_memory':<11}{'feed':<11}{'images/s':>10}  {'min-max':<17}"
+        f"{'ratio':>6}{'GB/s':>7}{'CPU ms/batch':>14}",
     ]
     for row in report["results"]:
         lines.append(
-            f"{row['loader']:<14}{row['workers']:>8}  {row['pin_memory']!s:<11}{'yes' if row['to_device'] else 'no':<10}"
+            f"{row['loader']:<14}{row['workers']:>8}  {row['pin_memory']!s:<11}{row['feed']:<11}"
             f"{_rate(row['median']):>10}  {_rate(row['min']) + '-' + _rate(row['max']):<17}{row['feed_ratio']:>6.2f}"
+            f"{row['median_gb_per_s']:>7.1f}{row['median_cpu_ms']:>14.2f}"
         )
     lines.append("")
     lines.append(
-        "feed = median images/s end to end over the ceiling's median (1.00: the loader never held the step up)"
+        "ratio = median images/s end to end over the ceiling's median (1.00: the loader never held "
+        "the step up); GB/s = the batches' bytes moved to the device per second; CPU ms/batch = the "
+        "main process's CPU time (all its threads) per batch; feed: loop = .to(device) in the loop, "
+        "to_device = stoker.torch.to_device, normalize = to_device with normalize() on the GPU"
     )
     return "\n".join(lines)
 
