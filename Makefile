@@ -13,7 +13,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-compile -e '.[test,test-frameworks,bench,ray]' '$(TORCH_PIN)'
+	$(PY) -m pip install --quiet --no-compile -e '.[test,test-frameworks,bench,ray,vision]' '$(TORCH_PIN)'
 	$(PY) -m compileall -q -j 0 -x '/torch/testing/_internal/py312' \
 		"$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" src
 	touch $(STAMP)

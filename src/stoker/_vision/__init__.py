@@ -1,0 +1,1 @@
+"""Image decoding for training pipelines (the `vision` extra: Pillow)."""

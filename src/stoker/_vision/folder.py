@@ -1,0 +1,104 @@
+"""`ImageFolder`: torchvision's folder layout (root/class_name/image), class indices and
+attributes, as a stoker `Dataset` that needs neither torch nor torchvision."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .._data.datasets import Dataset
+from .._data.shared_list import SharedList
+
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+def pil_loader(path: str) -> Any:
+    """The image at `path` as a PIL image in RGB (torchvision's default loader)."""
+    from PIL import Image
+
+    with open(path, "rb") as file:
+        image = Image.open(file)
+        return image.convert("RGB")
+
+
+def find_classes(root: str) -> tuple[list[str], dict[str, int]]:
+    """The class folders under `root`, sorted, and their indices (torchvision's rule)."""
+    classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    if not classes:
+        raise FileNotFoundError(f"ImageFolder found no class folder in {root!r} (it expects root/class_name/image files)")
+    return classes, {name: index for index, name in enumerate(classes)}
+
+
+class ImageFolder(Dataset[tuple[Any, int]]):
+    """Images in `root/<class>/**/<file>`: sample i is `(loader(path), class index)`, with
+    class indices, `classes`, `class_to_idx`, `samples`, `targets` and `imgs` as torchvision's
+    `ImageFolder` gives them (classes sorted; files sorted within each class, subfolders
+    walked). `loader` defaults to a PIL RGB image; `stoker.vision.DecodeCrop(224)` makes it
+    the fused decode-and-crop. `extensions` or `is_valid_file` (not both) choose the files.
+    Paths are kept in a `SharedList`, not a list of Python strings, so workers do not copy
+    them page by page as they are read.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        loader: Callable[[str], Any] | None = None,
+        is_valid_file: Callable[[str], bool] | None = None,
+        extensions: Sequence[str] | None = None,
+    ) -> None:
+        root = os.fspath(root)
+        if is_valid_file is not None and extensions is not None:
+            raise ValueError("Both extensions and is_valid_file cannot be not None at the same time")
+        if is_valid_file is None:
+            allowed = tuple(e.lower() for e in (extensions if extensions is not None else IMG_EXTENSIONS))
+
+            def is_valid_file(path: str) -> bool:
+                return path.lower().endswith(allowed)
+
+        self.root = root
+        self.classes, self.class_to_idx = find_classes(root)
+        paths: list[str] = []
+        targets: list[int] = []
+        for name in self.classes:
+            folder = os.path.join(root, name)
+            for directory, _, files in sorted(os.walk(folder, followlinks=True)):
+                for file in sorted(files):
+                    path = os.path.join(directory, file)
+                    if is_valid_file(path):
+                        paths.append(path)
+                        targets.append(self.class_to_idx[name])
+        if not paths:
+            raise FileNotFoundError(f"ImageFolder found no valid image file under {root!r}")
+        self._paths = SharedList(paths)
+        self._targets = np.asarray(targets, dtype=np.int64)
+        self.loader = loader if loader is not None else pil_loader
+        self.transform = transform
+        self.target_transform = target_transform
+
+    def __len__(self) -> int:
+        return len(self._targets)
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        path, target = self._paths[index], int(self._targets[index])
+        sample = self.loader(path)
+        if self.transform is not None:
+            sample = self.transform(sample)
+        if self.target_transform is not None:
+            return sample, self.target_transform(target)
+        return sample, target
+
+    @property
+    def samples(self) -> list[tuple[str, int]]:
+        """(path, class index) of every sample, in order (built on each access)."""
+        return list(zip(self._paths, self._targets.tolist()))
+
+    imgs = samples
+
+    @property
+    def targets(self) -> list[int]:
+        return self._targets.tolist()

@@ -1,0 +1,12 @@
+"""Images for training: a fused JPEG decode-and-crop, and an `ImageFolder` without torchvision.
+
+`DecodeCrop(224)` is `RandomResizedCrop(224)` + a random horizontal flip fused into the JPEG
+decode: the crop box comes from the image's header, the JPEG is decoded at the smallest DCT
+scale that still covers the crop at the output size, and the result is uint8 CHW (normalise
+on the GPU with `stoker.torch.normalize`). Needs Pillow (`pip install stoker[vision]`).
+"""
+
+from ._vision.crop import DecodeCrop, crop_box, decode_crop
+from ._vision.folder import IMG_EXTENSIONS, ImageFolder, find_classes, pil_loader
+
+__all__ = ["IMG_EXTENSIONS", "DecodeCrop", "ImageFolder", "crop_box", "decode_crop", "find_classes", "pil_loader"]

@@ -1,0 +1,205 @@
+"""The fused JPEG decode-and-crop: the crop box drawn as torchvision's RandomResizedCrop draws
+it, the quality against a full-resolution decode of the same box on real photographs, the
+fallbacks (PNG, greyscale, CMYK), reproducible randomness (a generator, or stoker's
+sample_rng whatever the worker count), and `ImageFolder` with torchvision's class indices."""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+PIL = pytest.importorskip("PIL")
+from PIL import Image  # noqa: E402
+
+import stoker  # noqa: E402
+from stoker._vision import crop as _crop  # noqa: E402
+from stoker._vision.photos import photo_paths  # noqa: E402
+from stoker.vision import DecodeCrop, ImageFolder, crop_box, decode_crop  # noqa: E402
+
+try:
+    PHOTOS = photo_paths()
+except FileNotFoundError as exc:  # pragma: no cover - scikit-image is a test dependency
+    pytest.skip(str(exc), allow_module_level=True)
+
+# the bound stated in the README: a fused decode (a DCT-scaled JPEG decode, then one resize)
+# against decoding at full resolution and resizing the same box; measured minimum 39.5 dB
+PSNR_BOUND_DB = 35.0
+
+
+def jpeg(path: str, size: tuple[int, int], mode: str = "RGB", quality: int = 90) -> bytes:
+    image = Image.open(path).convert("RGB").resize(size, Image.Resampling.BILINEAR)
+    if mode != "RGB":
+        image = image.convert(mode)
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=quality)
+    return out.getvalue()
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean())
+    return math.inf if mse == 0 else 10 * math.log10(255**2 / mse)
+
+
+# ----------------------------------------------------------------- the crop box
+def test_crop_boxes_follow_random_resized_crops_rules() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        top, left, h, w = crop_box(375, 500, rng)
+        assert 0 <= top <= 375 - h and 0 <= left <= 500 - w and h > 0 and w > 0
+        # rounding w and h to pixels moves area and ratio a little off their draws
+        assert 0.08 * 0.9 <= h * w / (375 * 500) <= 1.0
+        assert 3 / 4 * 0.9 <= w / h <= 4 / 3 * 1.1
+
+
+def test_an_impossible_box_falls_back_to_torchvisions_centre_crop() -> None:
+    rng = np.random.default_rng(0)
+    # a very wide strip: no box of ratio within (3/4, 4/3) and 90 % of the area fits
+    assert crop_box(10, 1000, rng, scale=(0.9, 1.0)) == (0, (1000 - 13) // 2, 10, 13)
+    assert crop_box(1000, 10, rng, scale=(0.9, 1.0)) == ((1000 - 13) // 2, 0, 13, 10)
+
+
+# ---------------------------------------------------------------------- quality
+@pytest.mark.parametrize("size", [(500, 375), (800, 600), (1024, 768)])
+def test_fused_decode_matches_a_full_resolution_decode_of_the_same_box(size: tuple[int, int]) -> None:
+    rng = np.random.default_rng(1)
+    worst, scaled = math.inf, 0
+    for path in PHOTOS:
+        data = jpeg(path, size)
+        for _ in range(12):
+            box = crop_box(size[1], size[0], rng)
+            fused = decode_crop(data, box, (224, 224))
+            reference = decode_crop(data, box, (224, 224), reduce=False)
+            assert fused.shape == (3, 224, 224) and fused.dtype == np.uint8
+            quality = psnr(fused, reference)
+            worst = min(worst, quality)
+            scaled += _crop.reduction_for(box[2], box[3], 224, 224) > 1
+    assert worst >= PSNR_BOUND_DB, f"worst PSNR {worst:.1f} dB"
+    if size[1] < 448:  # no box of a 375-high image has two output heights: decoded at full size
+        assert scaled == 0 and worst == math.inf
+
+
+def test_the_fused_path_is_decoded_at_a_reduced_scale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A crop shrunk more than 2x is decoded at half size or less (not decoded in full)."""
+    data = jpeg(PHOTOS[0], (1024, 768))
+    turbo = _crop._simplejpeg()
+    decoded: list[tuple[int, int]] = []
+    if turbo is not None:
+        real = turbo.decode_jpeg
+
+        class Spy:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(turbo, name)
+
+            def decode_jpeg(self, *args: Any, **kwargs: Any) -> Any:
+                pixels = real(*args, **kwargs)
+                decoded.append(pixels.shape[:2])
+                return pixels
+
+        monkeypatch.setattr(_crop, "_simplejpeg", lambda: Spy())
+    else:  # Pillow's draft
+        real_draft = Image.Image.draft
+
+        def draft(self: Any, mode: Any, size: Any) -> Any:
+            made = real_draft(self, mode, size)
+            decoded.append((self.size[1], self.size[0]))
+            return made
+
+        monkeypatch.setattr(Image.Image, "draft", draft)
+    out = decode_crop(data, (0, 0, 768, 1024), (224, 224))
+    assert out.shape == (3, 224, 224)
+    assert decoded and decoded[-1][0] <= 384 and decoded[-1][1] <= 512  # half of 1024 x 768 or less
+
+
+@pytest.mark.parametrize("kind", ["png", "grey", "cmyk"])
+def test_other_formats_fall_back_to_a_full_decode_with_the_same_result(kind: str, tmp_path: Path) -> None:
+    image = Image.open(PHOTOS[1]).convert("RGB").resize((640, 480))
+    path = tmp_path / f"picture.{'png' if kind == 'png' else 'jpg'}"
+    if kind == "png":
+        image.save(path, "PNG")
+    else:
+        image.convert("L" if kind == "grey" else "CMYK").save(path, "JPEG", quality=90)
+    box = (10, 20, 300, 400)
+    out = decode_crop(str(path), box, (128, 96))
+    want = Image.open(path).convert("RGB").resize((96, 128), Image.Resampling.BILINEAR, box=(20, 10, 420, 310))
+    assert out.shape == (3, 128, 96)
+    assert np.array_equal(out, np.asarray(want).transpose(2, 0, 1))
+
+
+def test_flip_mirrors_the_crop() -> None:
+    data = jpeg(PHOTOS[2], (500, 375))
+    box = (20, 30, 200, 250)
+    assert np.array_equal(decode_crop(data, box, (64, 64), flip=True), decode_crop(data, box, (64, 64))[:, :, ::-1])
+
+
+# ----------------------------------------------------------------- DecodeCrop
+def test_decode_crop_is_reproducible_from_its_generator() -> None:
+    data = jpeg(PHOTOS[0], (500, 375))
+    first = [DecodeCrop(96, generator=5)(data) for _ in range(1)]
+    again = DecodeCrop(96, generator=5)
+    assert np.array_equal(first[0], again(data))
+    other = DecodeCrop(96, generator=6)
+    assert not np.array_equal(DecodeCrop(96, generator=5)(data), other(data))
+
+
+def test_decode_crop_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="size"):
+        DecodeCrop(0)
+    with pytest.raises(TypeError, match="size"):
+        DecodeCrop("big")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="scale"):
+        DecodeCrop(224, scale=(1.0, 0.5))
+    with pytest.raises(ValueError, match="ratio"):
+        DecodeCrop(224, ratio=(0.0, 1.0))
+    with pytest.raises(ValueError, match="flip"):
+        DecodeCrop(224, flip=2)
+    with pytest.raises(TypeError, match="generator"):
+        DecodeCrop(224, generator="seed")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="source"):
+        DecodeCrop(224, generator=0)(42)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("images")
+    for c, name in enumerate(["zebra", "apple", "mango"]):
+        (root / name / "sub").mkdir(parents=True)
+        for k in range(4):
+            where = root / name / ("sub" if k == 3 else "") / f"{k}.jpg"
+            where.write_bytes(jpeg(PHOTOS[(c + k) % len(PHOTOS)], (500, 375)))
+        (root / name / "notes.txt").write_text("not an image")
+    return root
+
+
+def test_image_folder_has_torchvisions_classes_and_samples(folder: Path) -> None:
+    dataset = ImageFolder(folder)
+    assert dataset.classes == ["apple", "mango", "zebra"]
+    assert dataset.class_to_idx == {"apple": 0, "mango": 1, "zebra": 2}
+    assert len(dataset) == 12 and dataset.targets == [0] * 4 + [1] * 4 + [2] * 4
+    assert [os.path.relpath(p, folder) for p, _ in dataset.samples[:4]] == [
+        "apple/0.jpg", "apple/1.jpg", "apple/2.jpg", "apple/sub/3.jpg"
+    ]
+    image, target = dataset[5]
+    assert isinstance(image, Image.Image) and image.mode == "RGB" and target == 1
+    with pytest.raises(ValueError, match="extensions and is_valid_file"):
+        ImageFolder(folder, extensions=(".jpg",), is_valid_file=lambda p: True)
+    with pytest.raises(FileNotFoundError, match="no class folder"):
+        ImageFolder(folder / "apple" / "sub")
+
+
+def test_image_folder_with_the_fused_loader_gives_the_same_crops_at_any_worker_count(folder: Path) -> None:
+    dataset = ImageFolder(folder, loader=DecodeCrop(64))
+
+    def epoch(workers: int) -> list[np.ndarray]:
+        loader = stoker.DataLoader(dataset, batch_size=4, num_workers=workers, generator=3)
+        batches = list(loader)
+        assert all(b[0].dtype == np.uint8 and b[0].shape == (4, 3, 64, 64) for b in batches)
+        return [b[0] for b in batches]
+
+    inline, workers = epoch(0), epoch(2)
+    assert all(np.array_equal(a, b) for a, b in zip(inline, workers))  # sample_rng: per sample
