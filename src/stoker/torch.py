@@ -54,8 +54,12 @@ from ._data.torch_kinds import (
     TensorDataset,
     WeightedRandomSampler,
 )
+from ._frameworks import accelerate as _accelerate
+from ._frameworks.accelerate import adopt
 
 T = TypeVar("T")
+
+_accelerate.install()  # accelerate's prepare keeps stoker loaders stoker's (now or when imported)
 
 
 def random_split(
@@ -74,6 +78,7 @@ def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None)
 default_collate_fn_map: CollateFnMap = _default_map()
 
 __all__ = [
+    "adopt",
     "BatchSampler",
     "ChainDataset",
     "ConcatDataset",

@@ -1,0 +1,1 @@
+"""stoker inside training frameworks that rebuild a user's DataLoader."""
