@@ -39,6 +39,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/close_times.py
 	$(PY) benchmarks/resume_cost.py
 	$(PY) benchmarks/memory.py
+	$(PY) benchmarks/trainer_step.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests $(wildcard benchmarks) $(wildcard examples)
