@@ -59,7 +59,7 @@ def test_adopt_refuses_other_objects_and_unknown_options() -> None:
 
     import stoker.torch
 
-    with pytest.raises(TypeError, match="accelerate.Accelerator or a transformers.Trainer"):
+    with pytest.raises(TypeError, match=r"accelerate\.Accelerator or a transformers\.Trainer"):
         stoker.torch.adopt(object())
     with pytest.raises(TypeError, match="unknown stoker option"):
         stoker.torch.adopt(object(), num_workers=3)
