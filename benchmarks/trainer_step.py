@@ -46,7 +46,13 @@ class Texts(torch.utils.data.Dataset):
 
 def run(loader: str, workers: int, steps: int) -> float:
     """Seconds per step over `steps` steps after 5 warm ones."""
-    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
     import stoker.torch
 

@@ -23,6 +23,8 @@ if not dist.is_available() or not dist.is_gloo_available():
 
 import psutil  # noqa: E402
 
+from namespaces import LOOPBACK_UP, loopback_only  # noqa: E402
+
 SCRIPT = Path(__file__).with_name("run_frameworks.py")
 TIMEOUT_S = 240
 N = 64
@@ -30,16 +32,7 @@ FLAVOURS = ["torch", "stoker"]
 STOKER_LOADER = "stoker._core.torch_loader.DataLoader"
 
 
-def _loopback_only() -> str | None:
-    try:
-        made = subprocess.run(["unshare", "-n", "--", "sh", "-c", "ip link set lo up"],
-                              capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"unshare -n could not run: {exc}"
-    return None if made.returncode == 0 else f"unshare -n failed: {made.stderr.strip()}"
-
-
-NO_NAMESPACE = _loopback_only()
+NO_NAMESPACE = loopback_only()
 pytestmark = pytest.mark.skipif(NO_NAMESPACE is not None, reason=str(NO_NAMESPACE))
 
 
@@ -60,7 +53,7 @@ def run(case: str, flavour: str, out: Path, phase: str = "", launcher: str = "se
     if launcher == "torchrun":
         arguments = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                      "--master_port", "29533", *arguments]
-    command = ["unshare", "-n", "--", "sh", "-c", 'ip link set lo up && exec "$0" "$@"', sys.executable, *arguments]
+    command = ["unshare", "-n", "--", "sh", "-c", LOOPBACK_UP, sys.executable, *arguments]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=out)
     except subprocess.TimeoutExpired:

@@ -22,22 +22,14 @@ if not dist.is_available() or not dist.is_gloo_available():
 
 import psutil  # noqa: E402
 
+from namespaces import LOOPBACK_UP, loopback_only  # noqa: E402
+
 SCRIPT = Path(__file__).with_name("rank_main.py")
 N = 48  # divisible by 2, 3 and the batch size 4
 TIMEOUT_S = 90
 
 
-def _loopback_only() -> str | None:
-    """Why a loopback-only network namespace cannot be made here, or None."""
-    try:
-        made = subprocess.run(["unshare", "-n", "--", "sh", "-c", "ip link set lo up"],
-                              capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"unshare -n could not run: {exc}"
-    return None if made.returncode == 0 else f"unshare -n failed: {made.stderr.strip()}"
-
-
-NO_NAMESPACE = _loopback_only()
+NO_NAMESPACE = loopback_only()
 pytestmark = pytest.mark.skipif(NO_NAMESPACE is not None, reason=str(NO_NAMESPACE))
 
 
@@ -45,7 +37,7 @@ def _run_world(world: int, mode: str, out: Path, **env: str) -> list[int]:
     """Run `world` ranks of rank_main.py in a loopback-only namespace; their exit codes (a
     rank that exits otherwise than 0 or by SIGKILL fails the test with its output)."""
     run_env = dict(os.environ, RANK_TEST_N=str(N), PYTHONPATH=os.pathsep.join(sys.path), **env)
-    command = ["unshare", "-n", "--", "sh", "-c", 'ip link set lo up && exec "$0" "$@"',
+    command = ["unshare", "-n", "--", "sh", "-c", LOOPBACK_UP,
                sys.executable, str(SCRIPT), "world", str(world), mode, str(out)]
     try:
         launched = subprocess.run(command, env=run_env, capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -155,7 +147,7 @@ def test_two_ranks_killed_then_resumed_by_two_and_by_three(tmp_path: Path) -> No
 def test_the_readme_torchrun_example_runs(tmp_path: Path) -> None:
     """README's "More than one machine" command, as written, with torch's own launcher."""
     repo = SCRIPT.parents[2]
-    command = ["unshare", "-n", "--", "sh", "-c", 'ip link set lo up && exec "$0" "$@"',
+    command = ["unshare", "-n", "--", "sh", "-c", LOOPBACK_UP,
                sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                "examples/ranks.py"]
     try:

@@ -109,6 +109,18 @@ def _read(source: Any) -> bytes | None:
     return data if data[:3] == _JPEG_MAGIC else None
 
 
+def _jpeg(turbo: Any, source: Any) -> tuple[bytes | None, Any]:
+    """(the bytes of a JPEG source, its header as libjpeg-turbo reads it); (None, None) for
+    other sources, (bytes, None) for a JPEG whose header it refuses."""
+    data = _read(source)
+    if data is None:
+        return None, None
+    try:
+        return data, turbo.decode_jpeg_header(data)
+    except ValueError:
+        return data, None
+
+
 def _fused_turbo(
     turbo: Any, data: bytes, header: tuple[Any, ...], box: tuple[int, int, int, int] | None,
     size: tuple[int, int], flip: bool,
@@ -124,14 +136,7 @@ def _fused_turbo(
         data, colorspace="RGB",
         min_height=math.ceil(full_height / reduction), min_width=math.ceil(full_width / reduction),
     )
-    Image = _pil()
-    img = Image.fromarray(pixels)
-    sx, sy = img.size[0] / full_width, img.size[1] / full_height
-    region = (left * sx, top * sy, (left + w) * sx, (top + h) * sy)
-    out = img.resize((out_width, out_height), Image.Resampling.BILINEAR, box=region)
-    if flip:
-        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return np.ascontiguousarray(np.asarray(out).transpose(2, 0, 1))
+    return _finish(_pil().fromarray(pixels), full_width, full_height, (top, left, h, w), size, flip)
 
 
 def reduction_for(box_height: int, box_width: int, out_height: int, out_width: int) -> int:
@@ -156,15 +161,10 @@ def decode_crop(
     width in the full image's pixels; None: the whole image), resize to `size` (height,
     width), flip left-right if `flip`: uint8, CHW. `reduce=False` decodes at full size (the
     reference the fused path is measured against). `image`: `source` already opened."""
-    Image = _pil()
     turbo = _simplejpeg() if reduce else None
     if turbo is not None and image is None:
-        data = _read(source)
+        data, header = _jpeg(turbo, source)
         if data is not None:
-            try:
-                header = turbo.decode_jpeg_header(data)
-            except ValueError:
-                header = None
             if header is not None:
                 made = _fused_turbo(turbo, data, header, box, size, flip)
                 if made is not None:
@@ -180,9 +180,19 @@ def decode_crop(
             img.draft("RGB", (math.ceil(full_width / reduction), math.ceil(full_height / reduction)))
     if img.mode != "RGB":
         img = img.convert("RGB")
+    return _finish(img, full_width, full_height, (top, left, h, w), size, flip)
+
+
+def _finish(
+    img: Any, full_width: int, full_height: int, box: tuple[int, int, int, int], size: tuple[int, int], flip: bool
+) -> np.ndarray:
+    """Crop `box` (in the full image's pixels) out of `img` (decoded at any scale), resize it
+    to `size` in the same pass, flip it if asked: uint8 CHW."""
+    Image = _pil()
+    top, left, h, w = box
     sx, sy = img.size[0] / full_width, img.size[1] / full_height
     region = (left * sx, top * sy, (left + w) * sx, (top + h) * sy)
-    out = img.resize((out_width, out_height), Image.Resampling.BILINEAR, box=region)
+    out = img.resize((size[1], size[0]), Image.Resampling.BILINEAR, box=region)
     if flip:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return np.ascontiguousarray(np.asarray(out).transpose(2, 0, 1))
@@ -258,13 +268,7 @@ class DecodeCrop:
     def __call__(self, source: Any) -> np.ndarray:
         rng = self._rng()
         turbo = _simplejpeg()
-        data = _read(source) if turbo is not None else None
-        header = None
-        if data is not None:
-            try:
-                header = turbo.decode_jpeg_header(data)
-            except ValueError:
-                header = None
+        data, header = _jpeg(turbo, source) if turbo is not None else (None, None)
         if header is not None:
             height, width = header[0], header[1]
             img = None
