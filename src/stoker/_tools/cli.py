@@ -7,7 +7,7 @@ import importlib.util
 import os
 import sys
 
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9")
 
 
 def _csv(text: str) -> list[str]:
@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     bench = commands.add_parser(
         "bench",
         help="run the standard synthetic workloads through stoker and torch.utils.data",
-        description="Runs workloads W1-W8 (see benchmarks/README.md) and prints a table. It measures in "
+        description="Runs workloads W1-W9 (see benchmarks/README.md) and prints a table. It measures in "
         "the environment it is started in: it sets no thread variables (OMP_NUM_THREADS, ...) and "
         "records the ones it saw in the report.",
     )
@@ -128,7 +128,7 @@ def _bench(args: argparse.Namespace) -> int:
     workloads = [w.upper() for w in (args.workloads if isinstance(args.workloads, list) else _csv(args.workloads))]
     unknown = sorted(set(workloads) - set(WORKLOADS))
     if unknown:
-        print(f"stoker bench: unknown workloads {unknown}; choose from W1..W8", file=sys.stderr)
+        print(f"stoker bench: unknown workloads {unknown}; choose from W1..W9", file=sys.stderr)
         return 2
     default_workers = args.workers is None  # --gpu has a default of its own
     raw_workers = _csv("0,1,2") if default_workers else args.workers
@@ -175,6 +175,14 @@ def _bench(args: argparse.Namespace) -> int:
 
         print()
         raybench.main(quick=args.quick, with_torch=with_torch, json_path=os.path.join(args.out_dir, "raybench.json"))
+    if "W9" in workloads:  # real JPEGs through the standard and the fused pipelines
+        from . import jpegbench
+
+        print()
+        if not with_torch:
+            print("stoker bench: W9 needs torch (it runs stoker.torch and torch.utils.data): skipped")
+        else:
+            jpegbench.main(workers, reps, args.quick, os.path.join(args.out_dir, "jpegbench.json"))
     return 0
 
 
