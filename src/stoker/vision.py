@@ -6,7 +6,7 @@ scale that still covers the crop at the output size, and the result is uint8 CHW
 on the GPU with `stoker.torch.normalize`). Needs Pillow (`pip install stoker[vision]`).
 """
 
-from ._vision.crop import DecodeCrop, crop_box, decode_crop
+from ._vision.crop import DecodeCrop, DecodeError, crop_box, decode_crop
 from ._vision.folder import IMG_EXTENSIONS, ImageFolder, find_classes, pil_loader
 
-__all__ = ["IMG_EXTENSIONS", "DecodeCrop", "ImageFolder", "crop_box", "decode_crop", "find_classes", "pil_loader"]
+__all__ = ["IMG_EXTENSIONS", "DecodeCrop", "DecodeError", "ImageFolder", "crop_box", "decode_crop", "find_classes", "pil_loader"]

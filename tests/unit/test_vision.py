@@ -203,3 +203,121 @@ def test_image_folder_with_the_fused_loader_gives_the_same_crops_at_any_worker_c
 
     inline, workers = epoch(0), epoch(2)
     assert all(np.array_equal(a, b) for a, b in zip(inline, workers))  # sample_rng: per sample
+
+
+# ------------------------------------------------------------ more fallbacks
+def test_webp_falls_back_with_the_same_result(tmp_path: Path) -> None:
+    path = tmp_path / "picture.webp"
+    Image.open(PHOTOS[3]).convert("RGB").resize((320, 240)).save(path, "WEBP", quality=90)
+    box = (5, 10, 200, 250)
+    want = Image.open(path).convert("RGB").resize((64, 64), Image.Resampling.BILINEAR, box=(10, 5, 260, 205))
+    assert np.array_equal(decode_crop(str(path), box, (64, 64)), np.asarray(want).transpose(2, 0, 1))
+
+
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+def test_exif_rotated_jpegs_are_turned_as_exif_transpose_turns_them(orientation: int, tmp_path: Path) -> None:
+    from PIL import ImageOps
+
+    path = tmp_path / f"rotated-{orientation}.jpg"
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    Image.open(PHOTOS[0]).convert("RGB").resize((400, 300)).save(path, "JPEG", quality=90, exif=exif)
+    upright = ImageOps.exif_transpose(Image.open(path))
+    # a crop of the whole image shows the orientation: compare with the upright image resized
+    crop = DecodeCrop(48, scale=(1.0, 1.0), ratio=(upright.width / upright.height,) * 2, flip=0.0, generator=0)
+    out = crop(str(path))
+    want = np.asarray(upright.convert("RGB").resize((48, 48), Image.Resampling.BILINEAR)).transpose(2, 0, 1)
+    assert psnr(out, want) > 30
+
+
+# -------------------------------------------------------------- bad input
+@pytest.mark.parametrize("damage", ["empty", "truncated", "not an image", "garbage jpeg"])
+def test_a_bad_file_is_a_decode_error_naming_it(damage: str, tmp_path: Path) -> None:
+    data = jpeg(PHOTOS[1], (500, 375))
+    content = {
+        "empty": b"",
+        "truncated": data[: len(data) // 3],
+        "not an image": b"name,value\n1,2\n" * 50,
+        "garbage jpeg": data[:200] + bytes(range(256)) * 40,
+    }[damage]
+    path = tmp_path / "bad.jpg"
+    path.write_bytes(content)
+    with pytest.raises(stoker.vision.DecodeError, match=r"cannot decode '.*bad\.jpg'"):
+        DecodeCrop(64, generator=0)(str(path))
+    with pytest.raises(OSError):  # DecodeError is an OSError, as PIL's errors are
+        DecodeCrop(64, generator=0)(content)
+
+
+def test_a_bad_file_raises_at_its_batch_and_nothing_else_is_lost(folder: Path, tmp_path: Path) -> None:
+    import shutil
+
+    root = tmp_path / "images"
+    shutil.copytree(folder, root)
+    broken = root / "mango" / "1.jpg"
+    broken.write_bytes(broken.read_bytes()[:100])
+    dataset = ImageFolder(root, loader=DecodeCrop(32))
+    loader = stoker.DataLoader(dataset, batch_size=1, num_workers=2, max_worker_restarts=1)
+    got, errors = [], []
+    iterator = iter(loader)
+    while True:
+        try:
+            _, target = next(iterator)
+        except StopIteration:
+            break
+        except stoker.vision.DecodeError as exc:
+            errors.append(str(exc))
+            continue
+        got.append(int(target[0]))
+    assert len(errors) == 1 and "mango" in errors[0] and "1.jpg" in errors[0]
+    assert sorted(got) == sorted(t for i, t in enumerate(dataset.targets) if dataset.samples[i][0] != str(broken))
+
+
+def test_scale_and_size_outside_their_ranges_are_value_errors() -> None:
+    for scale in [(0.0, 1.0), (0.5, 1.5), (-0.1, 0.5)]:
+        with pytest.raises(ValueError, match="scale"):
+            DecodeCrop(224, scale=scale)
+    with pytest.raises(ValueError, match="size"):
+        DecodeCrop((224, 0))
+
+
+# ------------------------------------------------- the box's distribution
+def _reference_boxes(height: int, width: int, count: int, seed: int) -> np.ndarray:
+    """RandomResizedCrop's box rule as torchvision's documentation states it, drawn with torch's
+    RNG: a reference with another random stream for the distribution test."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    boxes = []
+    for _ in range(count):
+        for _ in range(10):
+            area = height * width * float(torch.empty(1).uniform_(0.08, 1.0, generator=generator))
+            aspect = math.exp(float(torch.empty(1).uniform_(math.log(3 / 4), math.log(4 / 3), generator=generator)))
+            w, h = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                top = int(torch.randint(0, height - h + 1, (1,), generator=generator))
+                left = int(torch.randint(0, width - w + 1, (1,), generator=generator))
+                boxes.append((top, left, h, w))
+                break
+        else:
+            boxes.append(((height - min(height, width)) // 2, (width - min(height, width)) // 2,
+                          min(height, width), min(height, width)))
+    return np.array(boxes, dtype=np.float64)
+
+
+def test_box_distribution_matches_random_resized_crops() -> None:
+    pytest.importorskip("torch")
+    stats = pytest.importorskip("scipy.stats")
+
+    height, width, count = 375, 500, 4000
+    rng = np.random.default_rng(12345)
+    ours = np.array([crop_box(height, width, rng) for _ in range(count)], dtype=np.float64)
+    theirs = _reference_boxes(height, width, count, seed=12345)
+    features = {
+        "area": lambda b: b[:, 2] * b[:, 3] / (height * width),
+        "aspect": lambda b: np.log(b[:, 3] / b[:, 2]),
+        "centre_y": lambda b: (b[:, 0] + b[:, 2] / 2) / height,
+        "centre_x": lambda b: (b[:, 1] + b[:, 3] / 2) / width,
+    }
+    for name, feature in features.items():
+        p_value = stats.ks_2samp(feature(ours), feature(theirs)).pvalue
+        assert p_value > 0.001, f"{name}: the two box distributions differ (KS p={p_value:.2g})"

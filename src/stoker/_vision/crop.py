@@ -244,7 +244,9 @@ class DecodeCrop:
         generator: np.random.Generator | int | None = None,
     ) -> None:
         self.size = _pair(size, "size")
-        self.scale = _range(scale, "scale", positive=False)
+        self.scale = _range(scale, "scale", positive=True)
+        if self.scale[1] > 1:
+            raise ValueError(f"scale should be (low, high) with 0 < low <= high <= 1, got {scale!r}")
         self.ratio = _range(ratio, "ratio", positive=True)
         if isinstance(flip, bool) or not isinstance(flip, (int, float)) or not 0 <= flip <= 1:
             raise ValueError(f"flip should be a probability between 0 and 1, got {flip!r}")
@@ -266,14 +268,28 @@ class DecodeCrop:
             return np.random.mtrand._rand
 
     def __call__(self, source: Any) -> np.ndarray:
+        """The crop of the image at `source` (a path, bytes or a binary file). A file that is
+        not an image, or is empty, truncated or corrupt, raises `DecodeError` naming it."""
+        if not isinstance(source, (bytes, bytearray, memoryview, str, os.PathLike)) and not hasattr(source, "read"):
+            raise TypeError(f"source should be a path, bytes or a binary file object, got {type(source).__name__}")
+        try:
+            return self._decode(source)
+        except DecodeError:
+            raise
+        except Exception as exc:
+            raise DecodeError(f"cannot decode {_describe(source)}: {type(exc).__name__}: {exc}") from exc
+
+    def _decode(self, source: Any) -> np.ndarray:
         rng = self._rng()
         turbo = _simplejpeg()
         data, header = _jpeg(turbo, source) if turbo is not None else (None, None)
+        img = None
+        if data is not None and _may_be_rotated(data):
+            header = None  # EXIF orientation: decode in full and turn as exif_transpose does
         if header is not None:
             height, width = header[0], header[1]
-            img = None
         else:
-            img = _open(data if data is not None else source)
+            img = _oriented(_open(data if data is not None else source))
             width, height = img.size
         if isinstance(rng, np.random.Generator):
             box = crop_box(height, width, rng, self.scale, self.ratio)
@@ -290,6 +306,40 @@ class DecodeCrop:
 
     def __repr__(self) -> str:
         return f"DecodeCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}, flip={self.flip})"
+
+
+class DecodeError(OSError):
+    """An image that cannot be decoded: the message names the file (or the bytes) and why."""
+
+
+def _describe(source: Any) -> str:
+    if isinstance(source, (str, os.PathLike)):
+        return repr(os.fspath(source))
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return f"{len(source)} bytes of image data"
+    return repr(getattr(source, "name", source))
+
+
+_EXIF = b"Exif\x00\x00"
+
+
+def _may_be_rotated(data: bytes) -> bool:
+    """Whether a JPEG carries EXIF (where an orientation lives); APP1 sits near the start."""
+    return _EXIF in data[:65536]
+
+
+def _oriented(img: Any) -> Any:
+    """`img` turned upright as `ImageOps.exif_transpose` turns it (decoded), or as it is when
+    its EXIF orientation is 1 or absent (still lazy)."""
+    try:
+        orientation = img.getexif().get(0x0112, 1)
+    except Exception:  # unreadable EXIF: as the image is
+        return img
+    if orientation in (None, 1):
+        return img
+    from PIL import ImageOps
+
+    return ImageOps.exif_transpose(img.convert("RGB") if img.mode not in ("RGB", "L") else img)
 
 
 class _Legacy:
