@@ -27,8 +27,9 @@ try:
 except FileNotFoundError as exc:  # pragma: no cover - scikit-image is a test dependency
     pytest.skip(str(exc), allow_module_level=True)
 
-# the bound stated in the README: a fused decode (a DCT-scaled JPEG decode, then one resize)
-# against decoding at full resolution and resizing the same box; measured minimum 39.5 dB
+# the bound stated in the README: a fused decode (a DCT-scaled JPEG decode, then one resize,
+# OpenCV's when installed) against decoding at full resolution and resizing the same box with
+# Pillow; measured minimum 38.7 dB
 PSNR_BOUND_DB = 35.0
 
 
@@ -81,7 +82,9 @@ def test_fused_decode_matches_a_full_resolution_decode_of_the_same_box(size: tup
             scaled += _crop.reduction_for(box[2], box[3], 224, 224) > 1
     assert worst >= PSNR_BOUND_DB, f"worst PSNR {worst:.1f} dB"
     if size[1] < 448:  # no box of a 375-high image has two output heights: decoded at full size
-        assert scaled == 0 and worst == math.inf
+        assert scaled == 0
+        if _crop._cv2() is None:  # Pillow resizes both: the very same pixels
+            assert worst == math.inf
 
 
 def test_the_fused_path_is_decoded_at_a_reduced_scale(monkeypatch: pytest.MonkeyPatch) -> None:

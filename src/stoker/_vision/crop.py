@@ -12,7 +12,12 @@ CHW. Float conversion and normalisation are left to the consumer (the GPU: see
 
 With `simplejpeg` installed (the `vision` extra; a libjpeg-turbo binding whose wheels bundle
 the library) the JPEG is decoded by it instead of Pillow, with the same pixels (Pillow also
-decodes with libjpeg-turbo) and less overhead. libjpeg-turbo also offers scales of 7/8, 3/4
+decodes with libjpeg-turbo) and less overhead; with OpenCV installed (also in the extra) the
+crop of a JPEG decoded at full size is resized by it: bilinearly for shrinks up to
+`LINEAR_UP_TO`, by area averaging beyond, about 3x faster than Pillow's antialiased bilinear
+resize (a crop decoded at a reduced scale has fractional edges there, which Pillow's resize
+takes exactly) (measured: 0.94 against 1.24 ms per
+image, decode included; against Pillow's resize of the same box, at least 38.7 dB PSNR). libjpeg-turbo also offers scales of 7/8, 3/4
 and 5/8, but they decode more slowly than the full size (measured: 0.8-0.9 ms against 0.5 ms
 for a 500x375 JPEG) and blur more, so only the power-of-two scales are used.
 
@@ -109,6 +114,35 @@ def _read(source: Any) -> bytes | None:
     return data if data[:3] == _JPEG_MAGIC else None
 
 
+def _cv2() -> Any:
+    try:
+        import cv2
+    except ImportError:
+        return None
+    return cv2
+
+
+# shrinks up to this factor are resized bilinearly without antialiasing (what aliasing there
+# is stays under the quality bound); larger ones by area averaging
+LINEAR_UP_TO = 1.5
+
+
+def _finish_array(
+    cv2: Any, pixels: np.ndarray, box: tuple[int, int, int, int], size: tuple[int, int], flip: bool
+) -> np.ndarray:
+    """`_finish` for pixels decoded at full size (HWC), resized by OpenCV: about 3x faster than
+    Pillow's antialiased bilinear resize."""
+    top, left, h, w = box
+    region = pixels[top : top + h, left : left + w]
+    out_height, out_width = size
+    shrink = max(h / out_height, w / out_width)
+    method = cv2.INTER_LINEAR if shrink <= LINEAR_UP_TO else cv2.INTER_AREA
+    out = cv2.resize(region, (out_width, out_height), interpolation=method)
+    if flip:
+        out = out[:, ::-1]
+    return np.ascontiguousarray(out.transpose(2, 0, 1))
+
+
 def _jpeg(turbo: Any, source: Any) -> tuple[bytes | None, Any]:
     """(the bytes of a JPEG source, its header as libjpeg-turbo reads it); (None, None) for
     other sources, (bytes, None) for a JPEG whose header it refuses."""
@@ -136,6 +170,9 @@ def _fused_turbo(
         data, colorspace="RGB",
         min_height=math.ceil(full_height / reduction), min_width=math.ceil(full_width / reduction),
     )
+    cv2 = _cv2() if reduction == 1 else None  # a box scaled down has fractional edges: Pillow's
+    if cv2 is not None:
+        return _finish_array(cv2, pixels, (top, left, h, w), size, flip)
     return _finish(_pil().fromarray(pixels), full_width, full_height, (top, left, h, w), size, flip)
 
 
@@ -325,7 +362,7 @@ _EXIF = b"Exif\x00\x00"
 
 def _may_be_rotated(data: bytes) -> bool:
     """Whether a JPEG carries EXIF (where an orientation lives); APP1 sits near the start."""
-    return _EXIF in data[:65536]
+    return data.find(_EXIF, 0, 65536) >= 0
 
 
 def _oriented(img: Any) -> Any:
