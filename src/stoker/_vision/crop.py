@@ -293,6 +293,10 @@ class DecodeCrop:
                 raise TypeError(f"generator should be a numpy Generator, an int seed or None, got {generator!r}")
             generator = np.random.default_rng(int(generator))
         self.generator = generator
+        # import the decoders here, in the main process: forked workers inherit them instead of
+        # each importing them (a quarter of a second of CPU for OpenCV) on their first image
+        _simplejpeg()
+        _cv2()
 
     def _rng(self) -> Any:
         if self.generator is not None:
