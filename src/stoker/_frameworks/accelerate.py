@@ -15,7 +15,9 @@ accelerator.prepare(stoker loader) ──▶ accelerate: shard, wrap, build torc
 Everything accelerate does around the loader stays accelerate's: the shard, device placement,
 `GradientState` (`sync_gradients` at the end of each epoch, `gather_for_metrics` dropping the
 padding), `skip_first_batches`, and the per-batch `state_dict()` its wrapper keeps (stoker's
-exact resume point).
+exact resume point). The wrapper is marked as holding a stateful loader, as accelerate marks one
+around torchdata's StatefulDataLoader, so `accelerator.save_state` / `load_state` carry that
+point too; a stream whose position cannot be saved gets no state, as torch's loader has none.
 
 It is installed with `stoker.torch` (`install`): `Accelerator.prepare_data_loader` and
 `skip_first_batches` are wrapped when accelerate is imported (at once if it already is;
@@ -100,17 +102,49 @@ def keep_stoker(prepared: Any, options: dict[str, Any]) -> Any:
     """`prepared` (what accelerate returned) with stoker running inside it."""
     import torch.utils.data as tud
 
-    base = getattr(prepared, "base_dataloader", None) if "base_dataloader" in vars(prepared) else None
+    base = vars(prepared).get("base_dataloader") if hasattr(prepared, "__dict__") else None
     if base is None:
         if type(prepared) is tud.DataLoader:  # skip_first_batches of an unprepared loader
-            return rebuild(prepared, options)
+            return _rebuilt_or(prepared, prepared, options)
         return prepared  # not a wrapper this module knows (an XLA one, say): accelerate's
     if type(base) is not tud.DataLoader:  # already stoker's, or torchdata's StatefulDataLoader
         return prepared
-    new = rebuild(base, options)
+    new = _rebuilt_or(base, None, options)
+    if new is None:
+        return prepared
     prepared.base_dataloader = new
-    prepared.dl_state_dict = new.state_dict()  # what the wrapper's state_dict() gives until a batch
+    try:
+        # what the wrapper's state_dict() gives until its first batch; it refreshes it per batch
+        prepared.dl_state_dict = new.state_dict()
+    except TypeError:
+        # a stream that cannot save its position: no state, as with torch's loader (the
+        # wrapper would otherwise ask for it at every batch, and fail)
+        vars(prepared).pop("dl_state_dict", None)
+        prepared._update_state_dict = _no_state
+    else:
+        # accelerator.save_state / load_state then carry stoker's position, as they carry a
+        # torchdata StatefulDataLoader's (that flag is all they look at)
+        prepared.use_stateful_dataloader = True
     return prepared
+
+
+def _no_state() -> None:
+    """The per-batch state refresh of a wrapper whose stoker loader has no state."""
+
+
+def _rebuilt_or(made: Any, fallback: Any, options: dict[str, Any]) -> Any:
+    """`rebuild(made, options)`, or `fallback` with a warning if stoker refuses the arguments
+    this accelerate gave torch's DataLoader."""
+    try:
+        return rebuild(made, options)
+    except (TypeError, ValueError, AttributeError) as exc:
+        warnings.warn(
+            f"stoker could not rebuild the DataLoader accelerate made ({type(exc).__name__}: {exc}); "
+            "this loader runs as accelerate's torch DataLoader, without stoker",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return fallback
 
 
 def _source_options(loader: Any, accelerator: Any) -> dict[str, Any] | None:
@@ -131,19 +165,32 @@ def _source_options(loader: Any, accelerator: Any) -> dict[str, Any] | None:
 
 
 # --------------------------------------------------------------------- the wrapping
+_warned = False
+
+
+def _warn_unpatched(reason: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(
+            f"{reason}; stoker loaders given to accelerator.prepare will be rebuilt as torch "
+            "DataLoaders by this version of accelerate (sharded correctly, without stoker)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
 def _patch(accelerator_module: ModuleType) -> None:
     """Wrap accelerate's prepare_data_loader and skip_first_batches (once)."""
     accelerator_class = getattr(accelerator_module, "Accelerator", None)
     data_loader = sys.modules.get("accelerate.data_loader")
     original_skip = getattr(data_loader, "skip_first_batches", None)
     prepare = getattr(accelerator_class, "prepare_data_loader", None)
-    if accelerator_class is None or data_loader is None or original_skip is None or prepare is None:
-        warnings.warn(
-            "this version of accelerate lacks Accelerator.prepare_data_loader or "
-            "accelerate.data_loader.skip_first_batches; stoker loaders given to accelerator.prepare "
-            "will be rebuilt as torch DataLoaders (sharded correctly, without stoker)",
-            RuntimeWarning,
-            stacklevel=2,
+    method_skip = getattr(accelerator_class, "skip_first_batches", None)
+    if accelerator_class is None or original_skip is None or prepare is None or method_skip is None:
+        _warn_unpatched(
+            "this version of accelerate lacks Accelerator.prepare_data_loader, "
+            "Accelerator.skip_first_batches or accelerate.data_loader.skip_first_batches"
         )
         return
     if getattr(prepare, _WRAPPED, False):
@@ -163,10 +210,20 @@ def _patch(accelerator_module: ModuleType) -> None:
         skipped = original_skip(dataloader, num_batches=num_batches)
         return skipped if options is None else keep_stoker(skipped, options)
 
-    setattr(prepare_data_loader, _WRAPPED, True)
-    setattr(skip_first_batches, _WRAPPED, True)
+    @functools.wraps(method_skip)
+    def accelerator_skip_first_batches(self: Any, dataloader: Any, num_batches: int = 0) -> Any:
+        # the module function (wrapped above) keeps stoker loaders; this adds an adopted
+        # accelerator's torch loaders
+        options = _source_options(dataloader, self)
+        skipped = method_skip(self, dataloader, num_batches=num_batches)
+        return skipped if options is None else keep_stoker(skipped, options)
+
+    for function in (prepare_data_loader, skip_first_batches, accelerator_skip_first_batches):
+        setattr(function, _WRAPPED, True)
     accelerator_class.prepare_data_loader = prepare_data_loader
-    # the function is bound by name where accelerate (and the Trainer) import it
+    accelerator_class.skip_first_batches = accelerator_skip_first_batches
+    # the function is bound by name where accelerate (and the Trainer) import it; modules
+    # imported later take it from accelerate.data_loader or accelerate, wrapped by then
     for name in ("accelerate.data_loader", ACCELERATOR_MODULE, "accelerate", "transformers.trainer"):
         module = sys.modules.get(name)
         if module is not None and getattr(module, "skip_first_batches", None) is original_skip:
@@ -174,27 +231,54 @@ def _patch(accelerator_module: ModuleType) -> None:
 
 
 class _PatchAfterExec(importlib.abc.Loader):
+    """The real loader of accelerate.accelerator, then `_patch`; it hands the module back
+    to the real loader (its `__loader__` and `__spec__.loader`) once executed."""
+
     def __init__(self, loader: Any) -> None:
         self._loader = loader
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, is_package, ...
+        if name == "_loader":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
+        return getattr(self._loader, name)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.loader is self:
+            spec.loader = self._loader
+        if getattr(module, "__loader__", None) is self:
+            module.__loader__ = self._loader
         self._loader.exec_module(module)
-        _patch(module)
+        try:
+            _patch(module)
+        except Exception as exc:  # never fail the user's `import accelerate` for stoker's sake
+            _warn_unpatched(f"stoker could not wrap accelerate ({type(exc).__name__}: {exc})")
 
 
 class _WhenImported(importlib.abc.MetaPathFinder):
-    """A one-shot finder: when accelerate's accelerator module is imported, patch it."""
+    """A one-shot finder: when accelerate's accelerator module is imported, it asks the
+    other finders for its spec and wraps the spec's loader so that `_patch` runs right after
+    the module executes; then it is gone from sys.meta_path."""
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> Any:
         if fullname != ACCELERATOR_MODULE:
             return None
         _remove_hook()
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+        else:
             return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            _warn_unpatched("accelerate.accelerator comes from a loader stoker cannot follow")
+            return spec  # imported unwrapped, as found
         spec.loader = _PatchAfterExec(spec.loader)
         return spec
 

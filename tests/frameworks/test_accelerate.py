@@ -1,0 +1,289 @@
+"""A user's accelerate script on two CPU ranks (gloo, `torch.distributed.run`, inside a network
+namespace with only the loopback interface), once with torch.utils.data (the control) and once
+with stoker.torch, the import the only difference (accelerate_main.py): each rank gets its
+shard, batches arrive on the accelerator's device, gradient accumulation ends at every epoch's
+end, gather_for_metrics drops the padding, skip_first_batches yields the rest, the shuffle
+sampler gets accelerate's generator, and a run stopped mid-epoch continues with exactly the rest
+of each rank's shard — and with stoker.torch, the loader doing the work is stoker's. Two
+launches per flavour (a first run and a new process group that resumes it), shared by the
+tests; nothing is left running afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("accelerate")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("this torch build has no gloo backend", allow_module_level=True)
+
+import psutil  # noqa: E402
+
+from namespaces import LOOPBACK_UP, loopback_only  # noqa: E402
+
+SCRIPT = Path(__file__).with_name("accelerate_main.py")
+LAUNCH_TIMEOUT_S = 50
+FLAVOURS = ["torch", "stoker"]
+LOADER = {"torch": "torch.utils.data.dataloader.DataLoader", "stoker": "stoker._core.torch_loader.DataLoader"}
+
+NO_NAMESPACE = loopback_only()
+on_two_ranks = pytest.mark.skipif(NO_NAMESPACE is not None, reason=str(NO_NAMESPACE))
+pytestmark = pytest.mark.timeout(2 * LAUNCH_TIMEOUT_S + 20)  # a flavour's first test launches twice
+
+
+def _processes_of(out: Path) -> list[psutil.Process]:
+    """The launcher, the ranks and their workers: everything with `out` on its command line,
+    and their children."""
+    found: dict[int, psutil.Process] = {}
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if process.pid != os.getpid() and str(out) in " ".join(process.info["cmdline"] or []):
+                for p in [process, *process.children(recursive=True)]:
+                    found[p.pid] = p
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return list(found.values())
+
+
+def _kill(processes: list[psutil.Process]) -> None:
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(processes, timeout=10)
+
+
+def launch(flavour: str, phase: str, out: Path) -> list[dict[str, Any]]:
+    """accelerate_main.py on two ranks; each rank's record."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore",
+               STACKS_AFTER_S=str(LAUNCH_TIMEOUT_S - 10))
+    command = ["unshare", "-n", "--", "sh", "-c", LOOPBACK_UP, sys.executable, "-m", "torch.distributed.run",
+               "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", "29500",
+               str(SCRIPT), flavour, str(out), phase]
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+                              cwd=out, start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        _kill(_processes_of(out))
+        pytest.fail(f"{flavour} {phase} did not finish in {LAUNCH_TIMEOUT_S} s:\n{_text(exc.stderr)[-8000:]}")
+    left = _processes_of(out)
+    _kill(left)
+    assert done.returncode == 0, f"{flavour} {phase} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    assert not left, f"{flavour} {phase} left processes behind: {[p.pid for p in left]}"
+    return [json.loads((out / f"{flavour}-{phase}-{rank}.json").read_text()) for rank in range(2)]
+
+
+def _text(output: str | bytes | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
+_runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """runs(flavour) -> {"first": [rank 0, rank 1], "second": [...]}, launched once per flavour."""
+
+    def get(flavour: str) -> dict[str, list[dict[str, Any]]]:
+        if flavour not in _runs:
+            out = tmp_path_factory.mktemp(f"accelerate-{flavour}")
+            _runs[flavour] = {phase: launch(flavour, phase, out) for phase in ("first", "second")}
+        return _runs[flavour]
+
+    yield get
+    _runs.clear()
+
+
+def assert_disjoint_cover(shards: list[list[int]], n: int) -> None:
+    assert [len(shard) for shard in shards] == [n // 2, n // 2]
+    assert not set(shards[0]) & set(shards[1])
+    assert set(shards[0]) | set(shards[1]) == set(range(n))
+
+
+def flat(batches: list[list[int]]) -> list[int]:
+    return [i for batch in batches for i in batch]
+
+
+@on_two_ranks
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_each_rank_gets_its_shard_on_the_device_from_the_loader_it_imported(flavour: str, runs: Any) -> None:
+    first = runs(flavour)["first"]
+    for epoch in range(2):
+        assert_disjoint_cover([rank["epochs"][epoch] for rank in first], 64)
+    assert first[0]["epochs"][0] != first[0]["epochs"][1]  # shuffled anew each epoch
+    for rank in first:
+        # accelerate names the CPU "cpu:0", a tensor's device "cpu": the same type, no index
+        assert rank["devices"] == [rank["device"].split(":")[0]]
+        assert set(rank["kinds"].values()) == {LOADER[flavour]}  # what ran the workers
+        assert rank["made_by_stoker"] == [flavour == "stoker"]
+
+
+@on_two_ranks
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_gradient_accumulation_steps_at_every_epochs_end(flavour: str, runs: Any) -> None:
+    for rank in runs(flavour)["first"]:
+        for syncs, steps in zip(rank["syncs"], rank["steps"]):
+            # 9 batches, accumulation 2: steps at batches 2, 4, 6, 8 and at the epoch's end
+            assert syncs == [False, True] * 4 + [True]
+            assert steps == 5
+
+
+@on_two_ranks
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_gather_for_metrics_drops_the_padding(flavour: str, runs: Any) -> None:
+    for rank in runs(flavour)["first"]:
+        assert sorted(rank["gathered"]) == list(range(17))  # 17, not the 18 the ranks read
+
+
+@on_two_ranks
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_skip_first_batches_yields_the_rest_of_the_epoch(flavour: str, runs: Any) -> None:
+    for rank in runs(flavour)["first"]:
+        assert len(rank["epoch3"]) == 32
+        assert rank["skipped"] == rank["epoch3"][16:]  # 2 batches of 8 skipped, the rest in order
+        assert rank["kinds"]["skipped"] == LOADER[flavour]
+
+
+@on_two_ranks
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_the_shuffle_sampler_gets_accelerates_generator(flavour: str, runs: Any) -> None:
+    for rank in runs(flavour)["first"]:
+        assert rank["sampler"] == {"generator_before": False, "generator_after": True,
+                                   "shard_wraps_it": True, "shard": "BatchSamplerShard"}
+
+
+@on_two_ranks
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_new_process_group_continues_mid_epoch(flavour: str, runs: Any) -> None:
+    first, second = runs(flavour)["first"], runs(flavour)["second"]
+    assert_disjoint_cover([flat(rank["full"]) for rank in second], 64)
+    for before, after in zip(first, second):
+        assert len(after["full"]) == 8 and before["head"] == after["full"][:3]
+        assert after["after_skip"] == after["full"][3:]  # accelerate's resume, either loader
+        if flavour == "stoker":
+            # the loader's own state: from state_dict(), or inside accelerator.save_state
+            assert after["after_load_state_dict"] == after["full"][3:]
+            assert after["after_load_state"] == after["full"][3:]
+            assert before["resumable"] == after["resumed_kind"] == LOADER["stoker"]
+        else:  # torch's loader has no position: load_state restarts its epoch
+            assert after["after_load_state"] == after["full"]
+
+
+@on_two_ranks
+def test_stoker_gives_the_ranks_what_torch_gives_them(runs: Any) -> None:
+    """Same seed, same shards in the same order, same accumulation and gathering."""
+    torch_run, stoker_run = runs("torch"), runs("stoker")
+    keys = ["epochs", "syncs", "steps", "gathered", "epoch3", "skipped", "head"]
+    for theirs, ours in zip(torch_run["first"], stoker_run["first"]):
+        assert {key: ours[key] for key in keys} == {key: theirs[key] for key in keys}
+    for theirs, ours in zip(torch_run["second"], stoker_run["second"]):
+        assert ours["full"] == theirs["full"] and ours["after_skip"] == theirs["after_skip"]
+
+
+# ------------------------------------------------------------ in one process, no ranks
+ONE_PROCESS = """
+import os, sys, warnings
+import torch
+import stoker.torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+
+class Numbers(stoker.torch.Dataset):
+    def __len__(self): return 24
+    def __getitem__(self, i): return i
+
+class Stream(stoker.torch.IterableDataset):
+    def __iter__(self): return iter(range(10))
+
+accelerator = Accelerator(cpu=True)
+
+# a stream whose position cannot be saved: stoker runs it, the wrapper keeps no state (as for
+# torch's loader) instead of failing at every batch
+stream = accelerator.prepare(stoker.torch.DataLoader(Stream(), batch_size=4, num_workers=1))
+assert type(stream.base_dataloader) is stoker.torch.DataLoader
+assert [b.tolist() for b in stream] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+assert not hasattr(stream, "dl_state_dict") and not stream.use_stateful_dataloader
+
+# accelerator.save_state / load_state carry the loader's position (each run its own Accelerator)
+def prepared():
+    global accelerator
+    set_seed(3)
+    accelerator = Accelerator(cpu=True)
+    return accelerator.prepare(stoker.torch.DataLoader(Numbers(), batch_size=4, shuffle=True, num_workers=2))
+
+full = [b.tolist() for b in prepared()]
+loader = prepared()
+iterator = iter(loader)
+head = [next(iterator).tolist() for _ in range(2)]
+accelerator.save_state(sys.argv[1])
+iterator.close()
+resumed = prepared()
+accelerator.load_state(sys.argv[1])
+assert head + [b.tolist() for b in resumed] == full, (head, full)
+
+# an adopted accelerator's skip_first_batches turns an unprepared torch loader into stoker's
+stoker.torch.adopt(accelerator, max_worker_restarts=2)
+skipped = accelerator.skip_first_batches(torch.utils.data.DataLoader(Numbers(), batch_size=4), 4)
+assert type(skipped) is stoker.torch.DataLoader and skipped.max_worker_restarts == 2
+assert [b.tolist() for b in skipped] == [[16, 17, 18, 19], [20, 21, 22, 23]]
+print("ok")
+"""
+
+
+def _python(code: str, *arguments: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), HF_HUB_OFFLINE="1")
+    return subprocess.run([sys.executable, "-c", code, *arguments], capture_output=True, text=True,
+                          timeout=LAUNCH_TIMEOUT_S, env=env)
+
+
+def test_streams_checkpoints_and_an_adopted_skip_in_one_process(tmp_path: Path) -> None:
+    done = _python(ONE_PROCESS, str(tmp_path / "state"))
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-4000:]
+    assert (tmp_path / "state" / "dl_state_dict.bin").exists()  # the loader's state, saved by accelerate
+
+
+HOOK_FAILS = """
+import warnings
+import stoker.torch
+from stoker._frameworks import accelerate as hook
+
+def broken(module):
+    raise KeyError("an accelerate internal that moved")
+
+hook._patch = broken
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    from accelerate import Accelerator  # still imports
+import accelerate.accelerator
+assert not getattr(accelerate.accelerator.Accelerator.prepare_data_loader, "_stoker_wrapped", False)
+assert accelerate.accelerator.__spec__.loader.__class__.__name__ != "_PatchAfterExec"
+messages = [str(w.message) for w in caught if "stoker" in str(w.message)]
+assert len(messages) == 1 and "rebuilt as torch DataLoaders" in messages[0], messages
+print("ok")
+"""
+
+
+def test_a_failing_wrap_never_fails_importing_accelerate() -> None:
+    done = _python(HOOK_FAILS)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-4000:]
+
+
+def test_an_unusable_accelerate_is_warned_about_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import ModuleType
+
+    from stoker._frameworks import accelerate as hook
+
+    monkeypatch.setattr(hook, "_warned", False)
+    with pytest.warns(RuntimeWarning, match="rebuilt as torch DataLoaders") as caught:
+        hook._patch(ModuleType("accelerate.accelerator"))
+        hook._patch(ModuleType("accelerate.accelerator"))
+    assert len([w for w in caught if "stoker" in str(w.message)]) == 1

@@ -1,0 +1,147 @@
+"""The Hugging Face Trainer on two CPU ranks (gloo, `torch.distributed.run`, inside a network
+namespace with only the loopback interface; nothing downloaded), as it comes (its own torch
+DataLoader: the control) and with `stoker.torch.adopt(trainer)`, the documented line
+(transformers_main.py): the ranks train on disjoint samples that cover the dataset in every
+epoch, a run resumed from a mid-epoch checkpoint (`save_steps`, `resume_from_checkpoint`) trains
+on exactly the samples the uninterrupted run trained on after that step, rank by rank — and when
+adopted, the loader the Trainer prepares, and the one it resumes with, is stoker's and stoker's
+workers make every sample. Two launches per flavour, shared by the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("accelerate")
+pytest.importorskip("transformers")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("this torch build has no gloo backend", allow_module_level=True)
+
+import psutil  # noqa: E402
+
+from namespaces import LOOPBACK_UP, loopback_only  # noqa: E402
+
+SCRIPT = Path(__file__).with_name("transformers_main.py")
+LAUNCH_TIMEOUT_S = 60
+FLAVOURS = ["torch", "stoker"]
+LOADER = {"torch": "torch.utils.data.dataloader.DataLoader", "stoker": "stoker._core.torch_loader.DataLoader"}
+STEPS_PER_EPOCH = 8  # 64 samples, 2 ranks, 4 a step
+STOP_AT = 3
+
+NO_NAMESPACE = loopback_only()
+pytestmark = [
+    pytest.mark.skipif(NO_NAMESPACE is not None, reason=str(NO_NAMESPACE)),
+    pytest.mark.timeout(2 * LAUNCH_TIMEOUT_S + 20),  # the first test of a flavour launches twice
+]
+
+
+def _processes_of(out: Path) -> list[psutil.Process]:
+    found: dict[int, psutil.Process] = {}
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if process.pid != os.getpid() and str(out) in " ".join(process.info["cmdline"] or []):
+                for p in [process, *process.children(recursive=True)]:
+                    found[p.pid] = p
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return list(found.values())
+
+
+def _kill(processes: list[psutil.Process]) -> None:
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(processes, timeout=10)
+
+
+def _text(output: str | bytes | None) -> str:
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
+
+
+def launch(flavour: str, phase: str, out: Path) -> list[dict[str, Any]]:
+    """transformers_main.py on two ranks; each rank's record."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               HF_DATASETS_OFFLINE="1", PYTHONWARNINGS="ignore", STACKS_AFTER_S=str(LAUNCH_TIMEOUT_S - 10))
+    command = ["unshare", "-n", "--", "sh", "-c", LOOPBACK_UP, sys.executable, "-m", "torch.distributed.run",
+               "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", "29500",
+               str(SCRIPT), flavour, str(out), phase]
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
+                              cwd=out, start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        _kill(_processes_of(out))
+        pytest.fail(f"{flavour} {phase} did not finish in {LAUNCH_TIMEOUT_S} s:\n{_text(exc.stderr)[-8000:]}")
+    left = _processes_of(out)
+    _kill(left)
+    assert done.returncode == 0, f"{flavour} {phase} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    assert not left, f"{flavour} {phase} left processes behind: {[p.pid for p in left]}"
+    return [json.loads((out / f"{flavour}-{phase}-{rank}.json").read_text()) for rank in range(2)]
+
+
+_runs: dict[str, dict[str, Any]] = {}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """runs(flavour) -> {"full": [rank 0, rank 1], "stopped": [...], "resumed": [...]}."""
+
+    def get(flavour: str) -> dict[str, Any]:
+        if flavour not in _runs:
+            out = tmp_path_factory.mktemp(f"trainer-{flavour}")
+            first, second = (launch(flavour, phase, out) for phase in ("first", "second"))
+            _runs[flavour] = {
+                "full": [rank["full"] for rank in first],
+                "stopped": [rank["stopped"] for rank in first],
+                "resumed": [rank["resumed"] for rank in second],
+            }
+        return _runs[flavour]
+
+    yield get
+    _runs.clear()
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_the_ranks_train_on_disjoint_samples_covering_each_epoch(flavour: str, runs: Any) -> None:
+    full = runs(flavour)["full"]
+    assert [rank["rank"] for rank in full] == [0, 1]
+    for epoch in range(2):
+        shards = [[i for step in rank["steps"][epoch * STEPS_PER_EPOCH:(epoch + 1) * STEPS_PER_EPOCH] for i in step]
+                  for rank in full]
+        assert [len(shard) for shard in shards] == [32, 32]
+        assert not set(shards[0]) & set(shards[1])
+        assert set(shards[0]) | set(shards[1]) == set(range(64))
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_a_run_resumed_mid_epoch_continues_where_it_stopped(flavour: str, runs: Any) -> None:
+    result = runs(flavour)
+    for full, stopped, resumed in zip(result["full"], result["stopped"], result["resumed"]):
+        assert len(full["steps"]) == 2 * STEPS_PER_EPOCH
+        assert stopped["steps"] == full["steps"][:STOP_AT]
+        assert resumed["steps"] == full["steps"][STOP_AT:]  # the rest of that epoch, then the next
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_the_loader_doing_the_work_is_the_flavours(flavour: str, runs: Any) -> None:
+    result = runs(flavour)
+    for run in ("full", "stopped", "resumed"):
+        for rank in result[run]:
+            assert rank["by_stoker"] == [flavour == "stoker"], (run, rank["rank"])
+            expected = [LOADER[flavour]] + (["skipped " + LOADER[flavour]] if run == "resumed" else [])
+            assert sorted(rank["kinds"]) == sorted(expected), (run, rank["rank"])
+
+
+def test_adopted_the_ranks_see_what_torchs_loader_gives_them(runs: Any) -> None:
+    torch_run, stoker_run = runs("torch"), runs("stoker")
+    for run in ("full", "resumed"):
+        assert [rank["steps"] for rank in stoker_run[run]] == [rank["steps"] for rank in torch_run[run]]
