@@ -297,6 +297,16 @@ def trainer_case() -> None:
     dump(args.process_index, {"batches": seen, "kind": kind(getattr(loader, "base_dataloader", loader))})
 
 
+def _leave_the_process_group() -> None:
+    """Destroy the process group before exit: otherwise gloo's threads may still be tearing
+    down work objects while Python finalises, and about one exit in twenty aborts (SIGABRT,
+    "terminate called without an active exception"), whatever the loader."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     if CASE.startswith("lightning"):
         lightning_cases()
@@ -304,9 +314,12 @@ if __name__ == "__main__":
         fabric_case()
     elif CASE == "accelerate":
         accelerate_case()
+        _leave_the_process_group()
     elif CASE == "accelerate-resume":
         accelerate_resume_case()
+        _leave_the_process_group()
     elif CASE == "trainer":
         trainer_case()
+        _leave_the_process_group()
     else:
         raise SystemExit(f"unknown case {CASE}")

@@ -206,12 +206,12 @@ class Stream(stoker.torch.IterableDataset):
 
 accelerator = Accelerator(cpu=True)
 
-# a stream whose position cannot be saved: stoker runs it, the wrapper keeps no state (as for
-# torch's loader) instead of failing at every batch
+# a stream whose position cannot be saved: stoker runs it, and its state says that it restarts
+# (as torch's loader, which has none, does) instead of failing at every batch
 stream = accelerator.prepare(stoker.torch.DataLoader(Stream(), batch_size=4, num_workers=1))
 assert type(stream.base_dataloader) is stoker.torch.DataLoader
 assert [b.tolist() for b in stream] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-assert not hasattr(stream, "dl_state_dict") and not stream.use_stateful_dataloader
+assert stream.state_dict()["stream_without_state"] == "Stream"
 
 # accelerator.save_state / load_state carry the loader's position (each run its own Accelerator)
 def prepared():

@@ -230,3 +230,18 @@ def test_one_rank_does_not_warn() -> None:
 def test_numpy_arrays_still_make_stoker_torch_tensor_datasets() -> None:
     ds = st.TensorDataset(np.arange(6), np.arange(6) * 2)
     assert [b[1].tolist() for b in st.DataLoader(ds, batch_size=3)] == [[0, 2, 4], [6, 8, 10]]
+
+
+def test_a_stream_without_state_gives_a_state_that_restarts_it_as_torchs_loader_does() -> None:
+    loader = st.DataLoader(SplitStream(8), batch_size=4)
+    list(loader)
+    state = loader.state_dict()  # a framework saving every loader's state must not fail
+    assert state["stream_without_state"] == "SplitStream"
+    again = st.DataLoader(SplitStream(8), batch_size=4)
+    with pytest.warns(UserWarning, match="restarts it from its beginning"):
+        again.load_state_dict(state)
+    assert sorted(flat(again)) == list(range(8))
+    with pytest.raises(ValueError, match="not applied"):
+        st.DataLoader(Numbers(8), batch_size=4).load_state_dict(state)
+    with pytest.raises(TypeError, match="state_dict"):  # the numpy flavour still refuses
+        stoker.DataLoader(SplitStream(8), batch_size=4).state_dict()

@@ -11,6 +11,7 @@ stoker's `__init__`), builds torch's own `BatchSampler` by default and reports t
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, TypeVar
 
 import torch.utils.data as _td
@@ -49,6 +50,38 @@ class DataLoader(_loader.DataLoader[T_co], _td.DataLoader[T_co]):  # type: ignor
         if last_batch == "rollover":
             return _kinds.BatchSampler(sampler, batch_size, drop_last, last_batch=last_batch)
         return _td.BatchSampler(sampler, batch_size, drop_last)
+
+    def _stream_without_state(self) -> bool:
+        return self._iterable and not (
+            hasattr(self.dataset, "state_dict") and hasattr(self.dataset, "load_state_dict")
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        # Frameworks save every loader's state with a checkpoint (Lightning asks any loader that
+        # has state_dict and load_state_dict, with no way to opt out): a stream that cannot save
+        # its position gives a state saying so instead of raising, and restarts when it is
+        # loaded, as torch's loader (which has no state) does under them.
+        if self._stream_without_state():
+            return {"version": _loader.STATE_VERSION, "stream_without_state": type(self.dataset).__name__,
+                    "epoch": self._epochs_started}
+        return super().state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if isinstance(state, dict) and "stream_without_state" in state:
+            if not self._stream_without_state():
+                raise ValueError(
+                    f"this DataLoader state is of a stream that could not save its position "
+                    f"({state['stream_without_state']}); this loader reads {type(self.dataset).__name__}, "
+                    "which can: the state was not applied"
+                )
+            warnings.warn(
+                f"{type(self.dataset).__name__} cannot save its position (it has no state_dict() and "
+                "load_state_dict()), so this DataLoader restarts it from its beginning",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+        super().load_state_dict(state)
 
     @staticmethod
     def _default_collate() -> Any:
