@@ -13,6 +13,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("accelerate")
 
+pytestmark = pytest.mark.timeout(300)  # a subprocess that imports torch and accelerate, under load
+
 PREPARE = """
 import torch
 {imports}

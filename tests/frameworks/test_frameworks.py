@@ -33,7 +33,10 @@ STOKER_LOADER = "stoker._core.torch_loader.DataLoader"
 
 
 NO_NAMESPACE = loopback_only()
-pytestmark = pytest.mark.skipif(NO_NAMESPACE is not None, reason=str(NO_NAMESPACE))
+# a test runs up to three two-rank launches, each under TIMEOUT_S: pyproject's 120 s per test
+# would stop the whole run on a loaded machine
+pytestmark = [pytest.mark.skipif(NO_NAMESPACE is not None, reason=str(NO_NAMESPACE)),
+              pytest.mark.timeout(3 * TIMEOUT_S + 60)]
 
 
 def _left_behind(out: Path) -> list[str]:
