@@ -25,9 +25,8 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("this torch build has no gloo backend", allow_module_level=True)
 
-import psutil  # noqa: E402
 
-from namespaces import LOOPBACK_UP, loopback_only  # noqa: E402
+from namespaces import loopback_only, run_in_namespace  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("accelerate_main.py")
 LAUNCH_TIMEOUT_S = 50
@@ -39,51 +38,20 @@ on_two_ranks = pytest.mark.skipif(NO_NAMESPACE is not None, reason=str(NO_NAMESP
 pytestmark = pytest.mark.timeout(2 * LAUNCH_TIMEOUT_S + 20)  # a flavour's first test launches twice
 
 
-def _processes_of(out: Path) -> list[psutil.Process]:
-    """The launcher, the ranks and their workers: everything with `out` on its command line,
-    and their children."""
-    found: dict[int, psutil.Process] = {}
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            if process.pid != os.getpid() and str(out) in " ".join(process.info["cmdline"] or []):
-                for p in [process, *process.children(recursive=True)]:
-                    found[p.pid] = p
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return list(found.values())
 
 
-def _kill(processes: list[psutil.Process]) -> None:
-    for process in processes:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(processes, timeout=10)
 
 
 def launch(flavour: str, phase: str, out: Path) -> list[dict[str, Any]]:
     """accelerate_main.py on two ranks; each rank's record."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore",
                STACKS_AFTER_S=str(LAUNCH_TIMEOUT_S - 10))
-    command = ["unshare", "-n", "--", "sh", "-c", LOOPBACK_UP, sys.executable, "-m", "torch.distributed.run",
-               "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", "29500",
-               str(SCRIPT), flavour, str(out), phase]
-    try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
-                              cwd=out, start_new_session=True)
-    except subprocess.TimeoutExpired as exc:
-        _kill(_processes_of(out))
-        pytest.fail(f"{flavour} {phase} did not finish in {LAUNCH_TIMEOUT_S} s:\n{_text(exc.stderr)[-8000:]}")
-    left = _processes_of(out)
-    _kill(left)
-    assert done.returncode == 0, f"{flavour} {phase} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-    assert not left, f"{flavour} {phase} left processes behind: {[p.pid for p in left]}"
+    program = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", "29500", str(SCRIPT), flavour, str(out), phase]
+    run_in_namespace(program, out, env, LAUNCH_TIMEOUT_S, f"{flavour} {phase}")
     return [json.loads((out / f"{flavour}-{phase}-{rank}.json").read_text()) for rank in range(2)]
 
 
-def _text(output: str | bytes | None) -> str:
-    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 _runs: dict[str, dict[str, list[dict[str, Any]]]] = {}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,9 +20,8 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("this torch build has no gloo backend", allow_module_level=True)
 
-import psutil  # noqa: E402
 
-from namespaces import LOOPBACK_UP, loopback_only  # noqa: E402
+from namespaces import loopback_only, run_in_namespace  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("run_frameworks.py")
 TIMEOUT_S = 240
@@ -39,15 +37,6 @@ pytestmark = [pytest.mark.skipif(NO_NAMESPACE is not None, reason=str(NO_NAMESPA
               pytest.mark.timeout(3 * TIMEOUT_S + 60)]
 
 
-def _left_behind(out: Path) -> list[str]:
-    found = []
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        cmdline = " ".join(process.info["cmdline"] or [])
-        if str(out) in cmdline and process.pid != os.getpid():
-            found.append(f"{process.pid}: {cmdline}")
-    return found
-
-
 def run(case: str, flavour: str, out: Path, phase: str = "", launcher: str = "self") -> list[dict[str, Any]]:
     """Run one case on two ranks (one for lightning-order); each rank's record."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), MASTER_ADDR="127.0.0.1",
@@ -56,13 +45,7 @@ def run(case: str, flavour: str, out: Path, phase: str = "", launcher: str = "se
     if launcher == "torchrun":
         arguments = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
                      "--master_port", "29533", *arguments]
-    command = ["unshare", "-n", "--", "sh", "-c", LOOPBACK_UP, sys.executable, *arguments]
-    try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=out)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{case} ({flavour}) did not finish in {TIMEOUT_S} s; left: {_left_behind(out)}")
-    assert done.returncode == 0, f"{case} ({flavour}) failed:\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}"
-    assert not _left_behind(out), f"{case} ({flavour}) left processes behind"
+    run_in_namespace(arguments, out, env, TIMEOUT_S, f"{case} ({flavour})")
     name = "-".join(part for part in (case, flavour, phase) if part)
     ranks = sorted(out.glob(f"{name}-[0-9].json"))
     return [json.loads(path.read_text()) for path in ranks]

@@ -18,7 +18,6 @@ import gc
 import json
 import os
 import random
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -51,7 +50,7 @@ from pytorch_lightning.utilities.data import _is_dataloader_shuffled, _update_da
 from torch.utils.data.dataloader import _DatasetKind  # noqa: E402
 
 import stoker.torch as st  # noqa: E402
-from namespaces import LOOPBACK_UP, loopback_only  # noqa: E402
+from namespaces import loopback_only, run_in_namespace  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("lightning_main.py")
 LAUNCH_TIMEOUT_S = 150
@@ -73,31 +72,10 @@ launching = pytest.mark.timeout(2 * LAUNCH_TIMEOUT_S + 30)
 
 
 # ------------------------------------------------------------------ launching
-def _processes_of(out: Path) -> list[psutil.Process]:
-    """The ranks and their workers: everything with `out` on its command line, and their
-    children."""
-    found: dict[int, psutil.Process] = {}
-    for process in psutil.process_iter(["cmdline"]):
-        try:
-            if process.pid != os.getpid() and str(out) in " ".join(process.info["cmdline"] or []):
-                for p in [process, *process.children(recursive=True)]:
-                    found[p.pid] = p
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return list(found.values())
 
 
-def _kill(processes: list[psutil.Process]) -> None:
-    for process in processes:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(processes, timeout=10)
 
 
-def _text(output: str | bytes | None) -> str:
-    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def launch(case: str, flavour: str, out: Path) -> list[dict[str, Any]]:
@@ -105,17 +83,8 @@ def launch(case: str, flavour: str, out: Path) -> list[dict[str, Any]]:
     rank's record. Fails if it does not finish in time or leaves a process behind."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), MASTER_ADDR="127.0.0.1")
     env.pop("PL_GLOBAL_SEED", None)
-    command = ["unshare", "-n", "--", "sh", "-c", LOOPBACK_UP, sys.executable, str(SCRIPT), case, flavour, str(out)]
-    try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S,
-                              cwd=out, start_new_session=True)
-    except subprocess.TimeoutExpired as exc:
-        _kill(_processes_of(out))
-        pytest.fail(f"{case} ({flavour}) did not finish in {LAUNCH_TIMEOUT_S} s:\n{_text(exc.stderr)[-8000:]}")
-    _, alive = psutil.wait_procs(_processes_of(out), timeout=10)
-    _kill(alive)
-    assert done.returncode == 0, f"{case} ({flavour}) failed:\n{done.stdout[-3000:]}\n{done.stderr[-8000:]}"
-    assert not alive, f"{case} ({flavour}) left processes behind: {[p.pid for p in alive]}"
+    run_in_namespace([str(SCRIPT), case, flavour, str(out)], out, env, LAUNCH_TIMEOUT_S, f"{case} ({flavour})",
+                     grace_s=10)
     records = [json.loads((out / f"{case}-{flavour}-{rank}.json").read_text()) for rank in range(2)]
     assert [r["rank"] for r in records] == [0, 1]
     # the control is torch alone: nothing imported stoker in its ranks
