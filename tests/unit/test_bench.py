@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from dataclasses import asdict
 
 import pytest
 
 from stoker._tools import bench as bench
+from stoker._tools.bench import runner
 
 
 def test_steady_window_leaves_out_the_prefetch_at_each_end() -> None:
@@ -156,7 +158,7 @@ def test_w7_targets_at_each_worker_count_and_batch_size_cost() -> None:
     # the table shows the column and both variants
     report = {
         "results": [
-            bench.asdict(r) | {"median": r.median, "gbps": r.gbps(), "main_us_per_batch": r.main_us_per_batch}
+            asdict(r) | {"median": r.median, "gbps": r.gbps(), "main_us_per_batch": r.main_us_per_batch}
             for r in rows
         ],
         "w3_scaling": [],
@@ -247,7 +249,7 @@ def _synthetic_rows() -> list[bench.Result]:
 def _report(rows: list[bench.Result]) -> dict:
     return {
         "results": [
-            bench.asdict(r) | {"median": r.median, "gbps": r.gbps(), "main_us_per_batch": r.main_us_per_batch}
+            asdict(r) | {"median": r.median, "gbps": r.gbps(), "main_us_per_batch": r.main_us_per_batch}
             for r in rows
         ],
         "w3_scaling": bench.w3_scaling(rows),
@@ -317,7 +319,7 @@ def _tiny_plan(workers: list[int], reps: int, pairs: int) -> bench.Plan:
 
 
 def test_run_measures_interleaved_stats_pairs_and_auto(monkeypatch) -> None:
-    monkeypatch.setattr(bench, "memcpy_gbps", lambda: 10.0)
+    monkeypatch.setattr(runner, "memcpy_gbps", lambda: 10.0)
     report = bench.run(_tiny_plan([0, 1], reps=2, pairs=2), progress=False)  # a pair per repetition
     json.dumps(report)
     rows = {(r["workload"], r["loader"], r["workers"], r["variant"]): r for r in report["results"]}
@@ -347,8 +349,8 @@ def test_run_measures_interleaved_stats_pairs_and_auto(monkeypatch) -> None:
 
 
 def test_run_skips_auto_with_a_note_when_the_loader_refuses_it(monkeypatch) -> None:
-    monkeypatch.setattr(bench, "memcpy_gbps", lambda: 10.0)
-    monkeypatch.setattr(bench, "auto_unsupported", lambda: "TypeError: num_workers should be an int")
+    monkeypatch.setattr(runner, "memcpy_gbps", lambda: 10.0)
+    monkeypatch.setattr(runner, "auto_unsupported", lambda: "TypeError: num_workers should be an int")
     report = bench.run(_tiny_plan([0], reps=1, pairs=1), progress=False)
     assert all(r["workers"] != "auto" for r in report["results"])
     assert not report["auto"]["run"] and report["auto"]["workloads"] == []
@@ -419,7 +421,7 @@ def test_torch_free_first_batch_runs_in_a_fresh_process_without_torch() -> None:
 def test_w5_and_w8_jobs(monkeypatch) -> None:
     import stoker
 
-    monkeypatch.setattr(bench, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(runner, "usable_cpus", lambda: 2)
     sizes = bench.Sizes.quick()
     sizes.w5_mb = (1, 2)
     plan = bench.Plan(["W5", "W8"], [0, 2], 1, sizes, with_torch=False)
