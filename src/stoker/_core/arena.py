@@ -58,13 +58,13 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from .._data.torch_collate import TensorLeaf
 from .hostpin import Fence, Registrar, Registry, address_of
-from .protocol import Done, Reply, Request, Task
+from .protocol import OUT_OF_BAND, PLAIN, SLOT, Done, Reply, Request, SlotHeader, SlotOrder, Task
 from .transport import recv_out_of_band
 
 ALIGN = 64
@@ -100,40 +100,6 @@ def fd_budget() -> int:
     if soft == resource.RLIM_INFINITY:
         return MAX_KEPT_FDS
     return max(0, min(MAX_KEPT_FDS, soft // 4))
-
-
-# ------------------------------------------------------------------ wire records
-# Records cross the socket as plain tuples, which pickle at C speed (a dataclass costs
-# ~8 µs each way per batch): a task as (task_id, index, epoch, batch, SlotOrder fields);
-# a reply's header as one of
-#   (SLOT, task_id, leaves, new, retired, work)   the batch's arrays lie in slots
-#   (OUT_OF_BAND, task_id, sizes, work)           arrays follow as out-of-band frames
-#   (PLAIN,)                                      Failed / Exhausted, pickled whole
-# and a leaf (one array of the batch) as
-#   (slot id, offset, dtype str, shape, nbytes, as_tensor: rebuilt as a torch tensor)
-SLOT, OUT_OF_BAND, PLAIN = 0, 1, 2
-
-
-class SlotOrder(NamedTuple):
-    """Where a worker collates one task's batch (`Task.slot`)."""
-
-    use: int | None  # a slot of the worker's pool to collate into, or None
-    size: int  # that slot's size in bytes (0 when `use` is None)
-    attach: bool  # the slot's descriptor follows the task: this process has not mapped it
-    spare_id: int  # the id to give a slot the worker makes for this task
-    size_hint: int  # bytes to make a slot of up front when `use` is None (0: unknown)
-    budget: int | None  # bytes the pool may still grow by (None: unlimited)
-    drop: tuple[int, ...] = ()  # slots this process maps that another worker retired: unmap them
-
-
-class SlotHeader(NamedTuple):
-    """A batch whose array leaves lie in slots; the pickled body follows, then new slots' fds."""
-
-    task_id: int
-    leaves: tuple[tuple[Any, ...], ...]  # (slot id, offset, dtype, shape, nbytes, as_tensor) each
-    new: tuple[tuple[int, int], ...]  # (slot id, size) of slots made for this batch
-    retired: tuple[int, ...]  # slots the worker dropped (outgrown)
-    work: Any = None  # the Done's timing (see stats)
 
 
 # ------------------------------------------------------------------ memory

@@ -25,17 +25,21 @@ the error surfaces in order, at the first batch that worker owed.
 `index` is what the fetcher takes: a list of sample indices (map-style, auto-collation), a
 single index (map-style, `batch_size=None`) or the number of samples to draw from the
 iterable replica (`None` for one un-collated sample).
+
+The arena transport (see arena) sends a `Task` and a `Done`'s header as plain tuples; their
+records (`SlotOrder`, `SlotHeader` and the header kinds) are defined here, at the end, so that
+`Task`, the arena's worker side and its main side import them from one place and imports
+point one way: arena -> transport -> protocol.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 from .errors import ExceptionInfo
 
 if TYPE_CHECKING:
-    from .arena import SlotOrder
     from .stats import Work
 
 
@@ -106,3 +110,37 @@ class Exhausted:
 
 Request = Union[Task, Reset, Stop]
 Reply = Union[Done, Failed, Exhausted]
+
+
+# ------------------------------------------------------------------ arena wire records
+# Records cross the socket as plain tuples, which pickle at C speed (a dataclass costs
+# ~8 µs each way per batch): a task as (task_id, index, epoch, batch, SlotOrder fields);
+# a reply's header as one of
+#   (SLOT, task_id, leaves, new, retired, work)   the batch's arrays lie in slots
+#   (OUT_OF_BAND, task_id, sizes, work)           arrays follow as out-of-band frames
+#   (PLAIN,)                                      Failed / Exhausted, pickled whole
+# and a leaf (one array of the batch) as
+#   (slot id, offset, dtype str, shape, nbytes, as_tensor: rebuilt as a torch tensor)
+SLOT, OUT_OF_BAND, PLAIN = 0, 1, 2
+
+
+class SlotOrder(NamedTuple):
+    """Where a worker collates one task's batch (`Task.slot`)."""
+
+    use: int | None  # a slot of the worker's pool to collate into, or None
+    size: int  # that slot's size in bytes (0 when `use` is None)
+    attach: bool  # the slot's descriptor follows the task: this process has not mapped it
+    spare_id: int  # the id to give a slot the worker makes for this task
+    size_hint: int  # bytes to make a slot of up front when `use` is None (0: unknown)
+    budget: int | None  # bytes the pool may still grow by (None: unlimited)
+    drop: tuple[int, ...] = ()  # slots this process maps that another worker retired: unmap them
+
+
+class SlotHeader(NamedTuple):
+    """A batch whose array leaves lie in slots; the pickled body follows, then new slots' fds."""
+
+    task_id: int
+    leaves: tuple[tuple[Any, ...], ...]  # (slot id, offset, dtype, shape, nbytes, as_tensor) each
+    new: tuple[tuple[int, int], ...]  # (slot id, size) of slots made for this batch
+    retired: tuple[int, ...]  # slots the worker dropped (outgrown)
+    work: Any = None  # the Done's timing (see stats)
