@@ -19,6 +19,7 @@ from PIL import Image  # noqa: E402
 
 import stoker  # noqa: E402
 from stoker._vision import crop as _crop  # noqa: E402
+from stoker._vision import turbo as _turbo  # noqa: E402
 from stoker._vision.photos import photo_paths  # noqa: E402
 from stoker.vision import DecodeCrop, ImageFolder, crop_box, decode_crop  # noqa: E402
 
@@ -27,7 +28,7 @@ try:
 except FileNotFoundError as exc:  # pragma: no cover - scikit-image is a test dependency
     pytest.skip(str(exc), allow_module_level=True)
 
-# the bound stated in the README: a fused decode (a DCT-scaled JPEG decode, then one resize,
+# the bound stated in docs/guide/vision.md: a fused decode (a DCT-scaled JPEG decode, then one resize,
 # OpenCV's when installed) against decoding at full resolution and resizing the same box with
 # Pillow; measured minimum 38.7 dB
 PSNR_BOUND_DB = 35.0
@@ -66,8 +67,15 @@ def test_an_impossible_box_falls_back_to_torchvisions_centre_crop() -> None:
 
 
 # ---------------------------------------------------------------------- quality
+@pytest.mark.parametrize("partial", [True, False], ids=["region decode", "full decode"])
 @pytest.mark.parametrize("size", [(500, 375), (800, 600), (1024, 768)])
-def test_fused_decode_matches_a_full_resolution_decode_of_the_same_box(size: tuple[int, int]) -> None:
+def test_fused_decode_matches_a_full_resolution_decode_of_the_same_box(
+    size: tuple[int, int], partial: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if partial and _turbo.library() is None:
+        pytest.skip("no TurboJPEG 3 library (libjpeg-turbo 3, or the turbojpeg extra)")
+    if not partial:
+        monkeypatch.setattr(_crop, "_turbojpeg", lambda: None)
     rng = np.random.default_rng(1)
     worst, scaled = math.inf, 0
     for path in PHOTOS:
@@ -117,6 +125,81 @@ def test_the_fused_path_is_decoded_at_a_reduced_scale(monkeypatch: pytest.Monkey
     out = decode_crop(data, (0, 0, 768, 1024), (224, 224))
     assert out.shape == (3, 224, 224)
     assert decoded and decoded[-1][0] <= 384 and decoded[-1][1] <= 512  # half of 1024 x 768 or less
+
+
+# --------------------------------------------------------- the region decode
+needs_turbo = pytest.mark.skipif(_turbo.library() is None, reason="no TurboJPEG 3 library")
+
+
+@needs_turbo
+def test_a_region_decode_equals_a_full_decode_of_the_region() -> None:
+    simplejpeg = pytest.importorskip("simplejpeg")
+    turbo = _turbo.library()
+    assert turbo is not None
+    rng = np.random.default_rng(2)
+    for path, size in zip(PHOTOS, [(500, 375), (640, 480), (375, 500), (1024, 768)] * 4):
+        data = jpeg(path, size)
+        full = simplejpeg.decode_jpeg(data, colorspace="RGB")
+        height, width = full.shape[:2]
+        boxes = [crop_box(height, width, rng) for _ in range(6)]
+        boxes += [(0, 0, height, width), (height - 7, width - 9, 7, 9), (3, 1, 5, width - 1)]
+        for top, left, h, w in boxes:
+            region = turbo.decode_region(data, top, left, h, w)
+            assert region is not None and region.shape == (h, w, 3) and region.dtype == np.uint8
+            assert psnr(region, full[top : top + h, left : left + w]) >= 55.0, (path, size, (top, left, h, w))
+
+
+@needs_turbo
+def test_decode_crop_decodes_only_the_region_of_a_jpeg(monkeypatch: pytest.MonkeyPatch) -> None:
+    turbo = _turbo.library()
+    calls: list[tuple[int, ...]] = []
+    real = type(turbo).decode_region
+
+    def spy(self: Any, data: bytes, *box: int) -> Any:
+        calls.append(box)
+        return real(self, data, *box)
+
+    monkeypatch.setattr(type(turbo), "decode_region", spy)
+    data = jpeg(PHOTOS[0], (500, 375))
+    out = decode_crop(data, (40, 50, 300, 280), (224, 224))
+    assert calls == [(40, 50, 300, 280)] and out.shape == (3, 224, 224)
+    calls.clear()
+    decode_crop(data, (0, 0, 375, 500), (64, 64))  # shrunk more than 2x: a DCT-scaled full decode
+    assert calls == []
+
+
+@needs_turbo
+def test_a_jpeg_cut_short_below_the_crop_is_still_an_error(tmp_path: Path) -> None:
+    data = jpeg(PHOTOS[1], (500, 375))
+    path = tmp_path / "cut.jpg"
+    path.write_bytes(data[: len(data) * 9 // 10])  # the top rows are all there
+    top_box = (0, 0, 150, 150)  # well above the cut: the region itself decodes
+    assert _turbo.library().decode_region(path.read_bytes(), *top_box) is not None  # type: ignore[union-attr]
+    with pytest.raises(stoker.vision.DecodeError, match=r"cut\.jpg"):
+        DecodeCrop(128, generator=0)(str(path))
+    with pytest.raises(ValueError):  # simplejpeg's word for a truncated file
+        decode_crop(str(path), top_box, (128, 128))
+
+
+@needs_turbo
+def test_region_decodes_in_threads_equal_serial_ones() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    datas = [jpeg(path, (500, 375)) for path in PHOTOS[:6]]
+    boxes = [crop_box(375, 500, np.random.default_rng(i)) for i in range(len(datas))]
+    serial = [decode_crop(d, b, (224, 224)) for d, b in zip(datas, boxes)]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            threaded = list(pool.map(lambda pair: decode_crop(pair[0], pair[1], (224, 224)), zip(datas, boxes)))
+            assert all(np.array_equal(a, b) for a, b in zip(serial, threaded))
+
+
+def test_without_a_turbojpeg_3_library_the_region_decode_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_turbo, "_found", [])
+    monkeypatch.setattr(_turbo, "_candidates", lambda: ["/nonexistent/libturbojpeg.so.0"])
+    assert _turbo.library() is None
+    out = DecodeCrop(224, generator=0)(jpeg(PHOTOS[0], (500, 375)))
+    assert out.shape == (3, 224, 224)
 
 
 @pytest.mark.parametrize("kind", ["png", "grey", "cmyk"])
