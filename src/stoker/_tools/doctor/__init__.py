@@ -1,0 +1,59 @@
+"""`stoker doctor MODULE:FACTORY`: is the data loader the bottleneck, and how should it be set?
+
+The factory returns a dataset or a DataLoader (stoker's, stoker.torch's or torch's). The
+doctor measures, within a time budget planned up front:
+
+    profile      dataset[i] in this process over a spread of indices, collate, batch bytes
+    headroom     the rate of a "free" loader: a few cached batches replayed to a consumer
+    sweep        num_workers 0..usable CPUs x processes/threads, then prefetch factors at
+                 the best count: steady-state samples/s, time to first batch, and per
+                 worker process USS/PSS (/proc/<pid>/smaps_rollup) after the first batch
+                 and at the end of the run
+    readiness    with --step-ms: the recommended configuration behind a consumer that
+                 sleeps one model step per batch; the fraction of time it did not wait
+    traps        Python object containers under fork, global RNGs drawn in __getitem__,
+                 a small /dev/shm, CUDA initialised before fork, more workers than CPUs
+
+Every configuration runs through stoker (`stoker.torch.DataLoader` for torch loaders and
+torch tensors, `stoker.DataLoader` otherwise) with an endless copy of the user's sampler, so
+that no epoch boundary lands inside a measuring window; each iterator is closed before the
+next configuration starts, so no worker outlives its row. The parts are separate: loading
+the target (`load_target`, `Target`), measuring (`profile_fetch`, `replay_rate`,
+`measure_config`, `measure_readiness`), choosing (`choose`), the traps (`find_traps`) and
+rendering (`render`, `plot`, `to_json`); `run` plans the budget and ties them together.
+
+The package, one concern per module (imports point down this list): `target` (loading and
+describing the target, `Config`), `probe` (the profile in this process, the headroom),
+`memory` (worker processes and their memory), `measure` (one configuration, readiness),
+`traps`, `sweep` (the budget, the sweep, choosing, `run` and its `Report`), `report` (the
+text and the JSON) and `plot` (the chart). This module re-exports what the CLI and the tests use.
+"""
+
+from __future__ import annotations
+
+from .measure import (
+    Readiness,
+    Row,
+    expected_readiness,
+    loop_rate,
+    measure_config,
+    measure_readiness,
+    row_readiness,
+    steady_rate,
+)
+from .memory import descendants, smaps_memory
+from .plot import plot
+from .probe import MeasureError, Profile, batch_len, profile_fetch, replay_rate, touch
+from .report import recommend_line, render, save_json, table, to_json
+from .sweep import Report, choose, first_configs, prefetch_configs, run, worker_counts
+from .target import Config, DoctorError, Target, describe_target, load_target
+from .traps import Container, Trap, find_traps, python_containers
+
+__all__ = [
+    "Config", "Container", "DoctorError", "MeasureError", "Profile", "Readiness", "Report", "Row",
+    "Target", "Trap", "batch_len", "choose", "describe_target", "descendants", "expected_readiness",
+    "find_traps", "first_configs", "load_target", "loop_rate", "measure_config", "measure_readiness",
+    "plot", "prefetch_configs", "profile_fetch", "python_containers", "recommend_line", "render",
+    "replay_rate", "row_readiness", "run", "save_json", "smaps_memory", "steady_rate", "table",
+    "to_json", "touch", "worker_counts",
+]
