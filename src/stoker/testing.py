@@ -1,7 +1,15 @@
 """Test helpers for users of stoker: check that your own datasets and samplers resume exactly.
 
 ```python
+import stoker
 from stoker.testing import assert_resumes_identically
+
+class MyDataset(stoker.Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return i + stoker.sample_rng().random()
 
 def make_loader(num_workers=2):
     return stoker.DataLoader(MyDataset(), batch_size=8, shuffle=True, generator=0,
