@@ -144,9 +144,11 @@ def test_two_ranks_killed_then_resumed_by_two_and_by_three(tmp_path: Path) -> No
         _no_rank_processes_left(tmp_path)
 
 
-def test_the_readme_torchrun_example_runs(tmp_path: Path) -> None:
-    """README's "More than one machine" command, as written, with torch's own launcher."""
+def test_the_documented_torchrun_example_runs(tmp_path: Path) -> None:
+    """docs/guide/ranks-and-ray.md's torchrun command, as written, with torch's own launcher."""
     repo = SCRIPT.parents[2]
+    page = (repo / "docs" / "guide" / "ranks-and-ray.md").read_text()
+    assert "torchrun --standalone --nproc-per-node=2 examples/ranks.py\n" in page
     command = ["unshare", "-n", "--", "sh", "-c", LOOPBACK_UP,
                sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                "examples/ranks.py"]

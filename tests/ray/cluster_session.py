@@ -239,7 +239,7 @@ def ray_processes(temp_dir: str) -> list[str]:
 
 
 def scenario_example(address: str) -> dict[str, Any]:
-    """examples/ray_resume.py (the README's), run as written against this cluster."""
+    """examples/ray_resume.py (the one docs/guide/ranks-and-ray.md shows), run as written against this cluster."""
     import subprocess
     from pathlib import Path
 

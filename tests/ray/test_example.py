@@ -1,5 +1,6 @@
-"""README "More than one machine", Ray: the example it shows is examples/ray_resume.py, and it
-runs as written (against the test cluster, as a second driver: cluster_session.py)."""
+"""The docs' Ray section (docs/guide/ranks-and-ray.md, "Ray: `stoker.ray`"): the example it
+shows is examples/ray_resume.py, included into the page as it is, and it runs as written (against
+the test cluster, as a second driver: cluster_session.py)."""
 
 from __future__ import annotations
 
@@ -10,18 +11,21 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ray_resume.py"
+PAGE = ROOT / "docs" / "guide" / "ranks-and-ray.md"
 
 
-def readme_ray_block() -> str:
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("### Ray: `stoker.ray`") :]
+def page_ray_block() -> str:
+    page = PAGE.read_text()
+    section = page[page.index("## Ray: `stoker.ray`") :]
     found = re.search(r"```python\n(.*?)```\n", section, re.S)
-    assert found is not None, "the README's Ray section has no python block"
+    assert found is not None, "the page's Ray section has no python block"
     return found.group(1)
 
 
-def test_readme_shows_the_example_file():
-    assert readme_ray_block() == EXAMPLE.read_text()
+def test_the_page_shows_the_example_file():
+    # pymdownx.snippets puts the file's text in place of this line when the site is built
+    assert page_ray_block() == '--8<-- "examples/ray_resume.py"\n'
+    assert EXAMPLE.is_file()
 
 
 @pytest.mark.scenario("example")
