@@ -143,17 +143,27 @@ def collate_containers(
     if isinstance(elem, collections.abc.Mapping):
         one_type = _check_same_type(batch, collections.abc.Mapping, "a mapping")
         keys = list(elem)
-        elem_keys = elem.keys()
-        # dicts compared at C speed: a Python loop over the samples cost more than the copy
-        same = one_type and type(elem) is dict and all(map(elem_keys.__eq__, map(dict.keys, batch)))
-        if not same:
+        columns = None
+        # dicts of one length that all hold sample 0's keys hold the same keys: lengths and
+        # look-ups at C speed (comparing the key views cost as much as the whole collation)
+        if one_type and type(elem) is dict and len(set(map(len, batch))) == 1:
+            try:
+                columns = [list(map(operator.itemgetter(key), batch)) for key in keys]
+            except KeyError:
+                pass
+        if columns is None:
+            elem_keys = elem.keys()
             for i, d in enumerate(batch):
                 if d.keys() != elem_keys:
                     raise CollateValueError(f"sample 0 has keys {keys} but sample {i} has keys {list(d)}")
+            columns = [list(map(operator.itemgetter(key), batch)) for key in keys]
         fields = {}
-        for key in keys:
-            with at(key):
-                fields[key] = recurse(list(map(operator.itemgetter(key), batch)))
+        for key, values in zip(keys, columns):
+            try:
+                fields[key] = recurse(values)
+            except _Located as exc:  # as `at(key)` does, without a context manager per field
+                exc.path.insert(0, key)
+                raise
         try:
             if isinstance(elem, collections.abc.MutableMapping):
                 mapping = copy.copy(elem)
