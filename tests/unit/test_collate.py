@@ -277,6 +277,12 @@ def test_mapping_keys_that_differ_are_named_in_both_flavours() -> None:
         default_collate(batch)
     with pytest.raises(KeyError):
         tud.default_collate(batch)
+    # the same length, and sample 0's keys found in the other: only a key of its own differs
+    for other in ({"a": 1}, {"a": 1, "b": 2, "c": 3}, {"b": 2, "a": 1, "x": 0}):
+        with pytest.raises(ValueError, match="sample 2 has keys"):
+            default_collate([{"a": 1, "b": 2}, {"a": 3, "b": 4}, other])
+        with pytest.raises(ValueError, match="sample 2 has keys"):
+            st.default_collate([{"a": 1, "b": 2}, {"a": 3, "b": 4}, other])
 
 
 def test_a_deferred_leaf_travels_as_a_tensor() -> None:
