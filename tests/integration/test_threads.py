@@ -161,6 +161,27 @@ def test_blas_threads_read_back_what_was_set() -> None:
     assert blas_threads() == before
 
 
+def test_setters_found_before_a_fork_are_used_until_a_module_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    from stoker._core import threads
+
+    before = blas_threads()
+    if not before:
+        pytest.skip("no OpenBLAS or MKL loaded in this process")
+    monkeypatch.setattr(threads, "_fork_setters", None)
+    threads.prepare_fork()
+    searches = []
+    real = threads._blas_functions
+    monkeypatch.setattr(threads, "_blas_functions", lambda getter: searches.append(getter) or real(getter))
+    try:
+        assert sorted(set_blas_threads(1)) == sorted(before) and searches == []  # the inherited ones
+        monkeypatch.setitem(sys.modules, "stoker_test_new_module", sys)  # as if one was imported
+        assert sorted(set_blas_threads(1)) == sorted(before) and searches == [False]  # searched again
+    finally:
+        for count in set(before.values()):
+            set_blas_threads(count)
+    assert blas_threads() == before
+
+
 # ---------------------------------------------------------------- real workers, in a child
 
 

@@ -43,6 +43,7 @@ from multiprocessing import connection
 from multiprocessing.context import BaseContext
 from typing import Any, Protocol
 
+from . import threads
 from .arena import Arena, ArenaLink, arena_limit
 from .errors import ExceptionInfo
 from .fetch import EndOfStream
@@ -359,6 +360,8 @@ class ProcessEngine:
         method = self._context.get_start_method()
         if method == "forkserver":
             prepare_forkserver(self._heavy[0], self._heavy[1])
+        elif method == "fork":
+            threads.prepare_fork()
         parent = ParentWatch.for_start_method(method)
         heavy: Any = self._heavy
         if method != "fork":

@@ -262,10 +262,29 @@ def _blas_functions(getter: bool) -> list[tuple[str, Any]]:
     return found
 
 
+# (len(sys.modules), setters) found by `prepare_fork` in the main process: a forked worker
+# inherits the mapped libraries and the function pointers with them, and skips the search
+# (reading /proc/self/maps of a process holding torch: 5-10 ms of each worker's start-up)
+_fork_setters: tuple[int, list[tuple[str, Any]]] | None = None
+
+
+def prepare_fork() -> None:
+    """In the main process, before forking workers: find the BLAS setters once for them all."""
+    global _fork_setters
+    if _fork_setters is None or _fork_setters[0] != len(sys.modules):
+        try:
+            _fork_setters = (len(sys.modules), _blas_functions(getter=False))
+        except Exception:
+            _fork_setters = None
+
+
 def set_blas_threads(count: int) -> list[str]:
     """Set every loaded OpenBLAS and MKL to `count` threads; returns the libraries' paths."""
     done = []
-    for path, set_threads in _blas_functions(getter=False):
+    inherited = _fork_setters
+    # a module imported since (in the main process, or here) may have mapped another BLAS
+    setters = inherited[1] if inherited is not None and inherited[0] == len(sys.modules) else None
+    for path, set_threads in setters if setters is not None else _blas_functions(getter=False):
         set_threads.restype = None
         set_threads.argtypes = [ctypes.c_int]
         set_threads(count)
