@@ -7,7 +7,7 @@ import importlib.util
 import os
 import sys
 
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11")
 
 
 def _csv(text: str) -> list[str]:
@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     bench = commands.add_parser(
         "bench",
         help="run the standard synthetic workloads through stoker and torch.utils.data",
-        description="Runs workloads W1-W9 (see benchmarks/README.md) and prints a table. It measures in "
+        description="Runs workloads W1-W11 (see benchmarks/README.md) and prints a table. It measures in "
         "the environment it is started in: it sets no thread variables (OMP_NUM_THREADS, ...) and "
         "records the ones it saw in the report.",
     )
@@ -128,7 +128,7 @@ def _bench(args: argparse.Namespace) -> int:
     workloads = [w.upper() for w in (args.workloads if isinstance(args.workloads, list) else _csv(args.workloads))]
     unknown = sorted(set(workloads) - set(WORKLOADS))
     if unknown:
-        print(f"stoker bench: unknown workloads {unknown}; choose from W1..W9", file=sys.stderr)
+        print(f"stoker bench: unknown workloads {unknown}; choose from W1..W11", file=sys.stderr)
         return 2
     default_workers = args.workers is None  # --gpu has a default of its own
     raw_workers = _csv("0,1,2") if default_workers else args.workers
@@ -159,17 +159,18 @@ def _bench(args: argparse.Namespace) -> int:
     png_path = args.png or os.path.join(args.out_dir, "bench.png")
     sizes = bench.Sizes.quick() if args.quick else bench.Sizes()
     reps = 1 if args.quick else args.reps
-    plan = bench.Plan(workloads, workers, reps, sizes, with_torch=with_torch)
-    report = bench.run(plan)
-    print(bench.table(report))
-    bench.save_json(report, json_path)
-    print(f"\nwrote {json_path}")
-    if bench.chart(report, png_path):
-        print(f"wrote {png_path}")
-    elif importlib.util.find_spec("matplotlib") is None:
-        print("matplotlib is not installed: no chart (pip install stoker[bench])")
-    else:
-        print("no samples/s figures: no chart")
+    if not set(workloads) <= {"W10", "W11"}:  # those two have a table of their own
+        plan = bench.Plan(workloads, workers, reps, sizes, with_torch=with_torch)
+        report = bench.run(plan)
+        print(bench.table(report))
+        bench.save_json(report, json_path)
+        print(f"\nwrote {json_path}")
+        if bench.chart(report, png_path):
+            print(f"wrote {png_path}")
+        elif importlib.util.find_spec("matplotlib") is None:
+            print("matplotlib is not installed: no chart (pip install stoker[bench])")
+        else:
+            print("no samples/s figures: no chart")
     if "W2" in workloads:  # stoker.ray on the images workload; one skip line without Ray
         from . import raybench
 
@@ -183,6 +184,15 @@ def _bench(args: argparse.Namespace) -> int:
             print("stoker bench: W9 needs torch (it runs stoker.torch and torch.utils.data): skipped")
         else:
             jpegbench.main(workers, reps, args.quick, os.path.join(args.out_dir, "jpegbench.json"))
+    if "W10" in workloads or "W11" in workloads:  # start-up per worker count; many small batches
+        from . import startbench
+
+        print()
+        if not with_torch:
+            print("stoker bench: W10/W11 need torch (they run stoker.torch and torch.utils.data): skipped")
+        else:
+            startbench.main(None if default_workers else workers, reps, args.quick,
+                            os.path.join(args.out_dir, "startbench.json"))
     return 0
 
 
