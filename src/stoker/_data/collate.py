@@ -158,9 +158,9 @@ def collate_containers(
                     raise CollateValueError(f"sample 0 has keys {keys} but sample {i} has keys {list(d)}")
             columns = [list(map(operator.itemgetter(key), batch)) for key in keys]
         fields = {}
-        for key, values in zip(keys, columns):
+        for key, column_values in zip(keys, columns):
             try:
-                fields[key] = recurse(values)
+                fields[key] = recurse(column_values)
             except _Located as exc:  # as `at(key)` does, without a context manager per field
                 exc.path.insert(0, key)
                 raise

@@ -93,7 +93,7 @@ def startup(workers: list[int], methods: list[str], reps: int) -> dict[str, Any]
                 for count in workers:
                     for loader in LOADERS:
                         measured.setdefault((method, count, loader), []).append(start_once(loader, method, count))
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "method": method, "workers": count, "loader": loader,
             "iter_ms": statistics.median(v[0] for v in values),
@@ -143,7 +143,7 @@ def small(workers: list[int], reps: int, samples: int) -> dict[str, Any]:
         for count in workers:
             for loader in LOADERS:
                 measured.setdefault((count, loader), []).append(small_epoch(loader, count, samples))
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "workers": count, "loader": loader,
             "samples_per_s": statistics.median(v[0] for v in values),
