@@ -241,13 +241,13 @@ def _loaded_libraries(keyword: str) -> list[str]:
     return list(paths)
 
 
-def _blas_functions(getter: bool) -> list[tuple[str, Any]]:
-    """(path, C function) for each loaded BLAS library: its setter, or its getter."""
+def _blas_functions(getter: bool, apis: Sequence[_BlasApi] = _BLAS_APIS) -> list[tuple[str, Any]]:
+    """(path, C function) for each loaded BLAS library of `apis`: its setter, or its getter."""
     no_load = getattr(os, "RTLD_NOLOAD", None)
     if no_load is None:
         return []
     found = []
-    for api in _BLAS_APIS:
+    for api in apis:
         for path in _loaded_libraries(api.keyword):
             try:
                 # RTLD_NOLOAD: a handle to the copy already loaded, never a new load
@@ -262,29 +262,87 @@ def _blas_functions(getter: bool) -> list[tuple[str, Any]]:
     return found
 
 
-# (len(sys.modules), setters) found by `prepare_fork` in the main process: a forked worker
-# inherits the mapped libraries and the function pointers with them, and skips the search
-# (reading /proc/self/maps of a process holding torch: 5-10 ms of each worker's start-up)
-_fork_setters: tuple[int, list[tuple[str, Any]]] | None = None
+# (pid, len(sys.modules), setters, getters) found by `prepare_fork` in the main process just
+# before it forks workers: a forked worker inherits the mapped libraries and the function
+# pointers with them, and skips the search (reading /proc/self/maps of a process holding
+# torch: 5-10 ms of each worker's start-up)
+_fork_functions: tuple[int, int, list[tuple[str, Any]], list[tuple[str, Any]]] | None = None
 
 
 def prepare_fork() -> None:
-    """In the main process, before forking workers: find the BLAS setters once for them all."""
-    global _fork_setters
-    if _fork_setters is None or _fork_setters[0] != len(sys.modules):
+    """In the main process, before forking workers: find the BLAS functions once for them all."""
+    global _fork_functions
+    known = _fork_functions
+    if known is None or known[0] != os.getpid() or known[1] != len(sys.modules):
         try:
-            _fork_setters = (len(sys.modules), _blas_functions(getter=False))
+            _fork_functions = (
+                os.getpid(), len(sys.modules), _blas_functions(getter=False), _blas_functions(getter=True)
+            )
         except Exception:
-            _fork_setters = None
+            _fork_functions = None
+
+
+def _known_functions(getter: bool) -> list[tuple[str, Any]]:
+    """`_blas_functions(getter)`, from `prepare_fork`'s search when it still holds."""
+    known = _fork_functions
+    if known is not None:
+        pid, modules, setters, getters = known
+        # found by our parent right before it forked us; or by this process, and no module
+        # imported since (it may have mapped another BLAS)
+        if pid == os.getppid() or (pid == os.getpid() and modules == len(sys.modules)):
+            return getters if getter else setters
+    return _blas_functions(getter)
+
+
+class OneBlasThreadForFork:
+    """Around forking workers in the main process: OpenBLAS set to one thread, then set back.
+
+    OpenBLAS stops its thread pool in a forked child, and `openblas_set_num_threads` there
+    starts it again, all of it (a thread per core, each spinning before it sleeps): 15-20 ms
+    of CPU per worker on 2 cores, more with more cores. A child forked while the count is 1
+    inherits 1 and never starts the pool (one-thread BLAS runs in the calling thread), so the
+    worker finds its limit already in place and leaves OpenBLAS alone. The main process's own
+    BLAS calls during the forks, if any run on other threads, run on one thread.
+    """
+
+    def __init__(self) -> None:
+        self.restore: list[tuple[Any, int]] = []
+        self.pid = os.getpid()
+
+    def __enter__(self) -> OneBlasThreadForFork:
+        try:
+            getters = dict(_blas_functions(getter=True, apis=_BLAS_APIS[:1]))
+            for path, setter in _blas_functions(getter=False, apis=_BLAS_APIS[:1]):
+                getter = getters.get(path)
+                if getter is None:
+                    continue
+                getter.restype, getter.argtypes = ctypes.c_int, []
+                setter.restype, setter.argtypes = None, [ctypes.c_int]
+                count = int(getter())
+                if count != WORKER_THREADS:
+                    setter(WORKER_THREADS)
+                    self.restore.append((setter, count))
+        except Exception:  # an optimisation: never a reason not to start workers
+            self.__exit__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if os.getpid() != self.pid:  # a child forked inside the block keeps its one thread
+            return
+        for setter, count in self.restore:
+            _quietly(setter, count)
+        self.restore.clear()
 
 
 def set_blas_threads(count: int) -> list[str]:
-    """Set every loaded OpenBLAS and MKL to `count` threads; returns the libraries' paths."""
+    """Set every loaded OpenBLAS and MKL to `count` threads; returns the libraries' paths.
+    A library already at `count` is left alone (see `OneBlasThreadForFork`)."""
     done = []
-    inherited = _fork_setters
-    # a module imported since (in the main process, or here) may have mapped another BLAS
-    setters = inherited[1] if inherited is not None and inherited[0] == len(sys.modules) else None
-    for path, set_threads in setters if setters is not None else _blas_functions(getter=False):
+    current = blas_threads()
+    for path, set_threads in _known_functions(getter=False):
+        if current.get(path) == count:
+            done.append(path)
+            continue
         set_threads.restype = None
         set_threads.argtypes = [ctypes.c_int]
         set_threads(count)
@@ -295,7 +353,7 @@ def set_blas_threads(count: int) -> list[str]:
 def blas_threads() -> dict[str, int]:
     """Thread count of every loaded OpenBLAS and MKL, by library path."""
     counts = {}
-    for path, get_threads in _blas_functions(getter=True):
+    for path, get_threads in _known_functions(getter=True):
         get_threads.restype = ctypes.c_int
         get_threads.argtypes = []
         counts[path] = int(get_threads())

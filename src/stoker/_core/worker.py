@@ -157,7 +157,7 @@ def seed_torch(torch: Any, seed: int) -> None:
         xpu = getattr(torch, "xpu", None)
         accelerator = accelerator or (xpu is not None and xpu.is_available())
         custom = getattr(torch._C, "_get_privateuse1_backend_name", None)
-        accelerator = accelerator or (custom is not None and custom() != "privateuse1")
+        accelerator = accelerator or (custom is not None and hasattr(torch, custom()))  # as torch looks
     except Exception:
         accelerator = True
     if accelerator or not hasattr(torch, "default_generator"):

@@ -50,6 +50,45 @@ class SmallDicts:
         return {"x": i, "y": float(i)}
 
 
+def _settle(limit_s: float = 5.0) -> None:
+    """Wait until the workers of the previous run have exited (both loaders let a worker
+    finish exiting after their shutdown returns): its exit must not run beside the next row."""
+    deadline = time.monotonic() + limit_s
+    me = str(os.getpid())
+    keep = _helpers()
+    while time.monotonic() < deadline:
+        multiprocessing.active_children()  # reaps those multiprocessing started
+        alive = False
+        for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+            if entry.isdigit() and int(entry) not in keep:
+                try:
+                    with open(f"/proc/{entry}/stat", "rb") as stat:
+                        fields = stat.read().rsplit(b")", 1)[1].split()
+                except OSError:
+                    continue
+                if fields[1].decode() == me and fields[0] not in (b"Z", b"X"):
+                    alive = True
+                    break
+        if not alive:
+            return
+        time.sleep(0.005)
+
+
+def _helpers() -> set[int]:
+    """The pids of multiprocessing's long-lived helpers (the forkserver, the resource
+    tracker): children that stay."""
+    pids = set()
+    for module_name, holder, attribute in (
+        ("multiprocessing.forkserver", "_forkserver", "_forkserver_pid"),
+        ("multiprocessing.resource_tracker", "_resource_tracker", "_pid"),
+    ):
+        module = sys.modules.get(module_name)
+        pid = getattr(getattr(module, holder, None), attribute, None)
+        if isinstance(pid, int):
+            pids.add(pid)
+    return pids
+
+
 def _module(loader: str) -> Any:
     return importlib.import_module("stoker.torch" if loader == "stoker.torch" else "torch.utils.data")
 
@@ -63,6 +102,7 @@ def start_once(loader: str, method: str, workers: int) -> tuple[float, float]:
         multiprocessing_context=context,
     )
     gc.collect()
+    _settle()
     started = time.perf_counter()
     iterator = iter(data)
     made = time.perf_counter()
@@ -125,6 +165,7 @@ def small_epoch(loader: str, workers: int, samples: int) -> tuple[float, float]:
     module = _module(loader)
     data = module.DataLoader(SmallDicts(samples), batch_size=SMALL_BATCH, num_workers=workers)
     gc.collect()
+    _settle()
     cpu, started = _cpu_s(), time.perf_counter()
     batches = 0
     for _ in data:
