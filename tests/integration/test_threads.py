@@ -8,7 +8,6 @@ tests check the import hook (`AfterImport`) in-process on throwaway modules.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import os
@@ -184,66 +183,45 @@ def test_functions_found_before_a_fork_are_used_until_a_module_is_imported(monke
     assert blas_threads() == before
 
 
-def _in_a_forked_worker(inside: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[dict[str, int], list[str]]:
-    """(BLAS thread counts, libraries whose setter was called) in a child forked inside
-    `OneBlasThreadForFork` or not, after it limited its pools as a worker does."""
+def test_a_forked_worker_limits_openblas_without_starting_its_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenBLAS stops its pool around a fork; openblas_set_num_threads in the child would start
+    it again, whole (~20 ms of CPU per worker, measured). The worker sets the count alone: one
+    thread computes, no pool thread ever starts, and the main process is untouched."""
+    np = pytest.importorskip("numpy")
     from stoker._core import threads
 
-    real = threads._known_functions
-
-    def spied(getter: bool) -> list[tuple[str, Any]]:
-        found = real(getter)
-        if getter:
-            return found
-
-        def recording(path: str, function: Any) -> Any:
-            def call(count: int) -> Any:
-                os.write(calls_writer, (path + "\n").encode())
-                return function(count)
-
-            return call
-
-        return [(path, recording(path, function)) for path, function in found]
-
-    monkeypatch.setattr(threads, "_known_functions", spied)
-    reader, writer = os.pipe()
-    calls_reader, calls_writer = os.pipe()
-    with threads.OneBlasThreadForFork() if inside else contextlib.nullcontext():
-        pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        try:
-            threads.limit_worker_pools()
-            os.write(writer, json.dumps(threads.blas_threads()).encode())
-        finally:
-            os._exit(0)
-    os.close(writer)
-    os.close(calls_writer)
-    with os.fdopen(reader) as out:
-        counts = json.loads(out.read())
-    with os.fdopen(calls_reader) as out:
-        called = out.read().split()
-    os.waitpid(pid, 0)
-    return counts, called
-
-
-def test_workers_forked_with_one_blas_thread_leave_openblas_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    """openblas_set_num_threads in a forked child wakes the pool OpenBLAS restarted at the fork
-    (measured: ~20 ms of CPU per worker); forked while the main process's count is 1, the
-    child inherits the limit and does not call it."""
-    pytest.importorskip("numpy")
     before = blas_threads()
     openblas = [path for path in before if "openblas" in os.path.basename(path).lower()]
     if not openblas:
         pytest.skip("no OpenBLAS loaded in this process")
     if max(before[path] for path in openblas) < 2:
         pytest.skip("OpenBLAS runs one thread here already")
-    counts, called = _in_a_forked_worker(inside=True, monkeypatch=monkeypatch)
-    assert set(counts.values()) == {1}
-    assert not set(called) & set(openblas)
-    assert blas_threads() == before  # the main process's own count is back
-    counts, called = _in_a_forked_worker(inside=False, monkeypatch=monkeypatch)
-    assert set(counts.values()) == {1}
-    assert set(openblas) <= set(called)  # without it, the child has to set it
+    real = threads._known_functions
+    called: list[str] = []
+
+    def spied(getter: bool) -> list[tuple[str, Any]]:
+        found = real(getter)
+        return found if getter else [(path, lambda count, path=path: called.append(path)) for path, _ in found]
+
+    monkeypatch.setattr(threads, "_known_functions", spied)
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            threads.limit_worker_pools()
+            product = np.ones((400, 400)) @ np.ones((400, 400))  # large enough to use the pool
+            report = [threads.blas_threads(), called, len(os.listdir("/proc/self/task")), float(product[0, 0])]
+            os.write(writer, json.dumps(report).encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader) as out:
+        counts, child_called, tasks, value = json.loads(out.read())
+    os.waitpid(pid, 0)
+    assert {counts[path] for path in openblas} == {1} and value == 400.0
+    assert not set(child_called) & set(openblas)  # the API, which starts the pool, was not called
+    assert tasks == 1  # and no pool thread was started, even by a product that would use one
+    assert blas_threads() == before
 
 
 # ---------------------------------------------------------------- real workers, in a child

@@ -27,7 +27,6 @@ garbage-collected, or at interpreter exit.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import multiprocessing
 import os
@@ -368,9 +367,8 @@ class ProcessEngine:
         if method != "fork":
             heavy = Packed(heavy)  # large arrays go through shared memory, once per start
         try:
-            with threads.OneBlasThreadForFork() if method == "fork" else contextlib.nullcontext():
-                for worker_id in worker_ids:
-                    self._start(worker_id, heavy, parent)
+            for worker_id in worker_ids:
+                self._start(worker_id, heavy, parent)
         finally:
             if isinstance(heavy, Packed):
                 heavy.close()

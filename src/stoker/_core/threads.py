@@ -294,53 +294,36 @@ def _known_functions(getter: bool) -> list[tuple[str, Any]]:
     return _blas_functions(getter)
 
 
-class OneBlasThreadForFork:
-    """Around forking workers in the main process: OpenBLAS set to one thread, then set back.
-
-    OpenBLAS stops its thread pool in a forked child, and `openblas_set_num_threads` there
-    starts it again, all of it (a thread per core, each spinning before it sleeps): 15-20 ms
-    of CPU per worker on 2 cores, more with more cores. A child forked while the count is 1
-    inherits 1 and never starts the pool (one-thread BLAS runs in the calling thread), so the
-    worker finds its limit already in place and leaves OpenBLAS alone. The main process's own
-    BLAS calls during the forks, if any run on other threads, run on one thread.
-    """
-
-    def __init__(self) -> None:
-        self.restore: list[tuple[Any, int]] = []
-        self.pid = os.getpid()
-
-    def __enter__(self) -> OneBlasThreadForFork:
-        try:
-            getters = dict(_blas_functions(getter=True, apis=_BLAS_APIS[:1]))
-            for path, setter in _blas_functions(getter=False, apis=_BLAS_APIS[:1]):
-                getter = getters.get(path)
-                if getter is None:
-                    continue
-                getter.restype, getter.argtypes = ctypes.c_int, []
-                setter.restype, setter.argtypes = None, [ctypes.c_int]
-                count = int(getter())
-                if count != WORKER_THREADS:
-                    setter(WORKER_THREADS)
-                    self.restore.append((setter, count))
-        except Exception:  # an optimisation: never a reason not to start workers
-            self.__exit__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if os.getpid() != self.pid:  # a child forked inside the block keeps its one thread
-            return
-        for setter, count in self.restore:
-            _quietly(setter, count)
-        self.restore.clear()
+def _openblas_count_without_pool(path: str, count: int) -> bool:
+    """Set the OpenBLAS at `path` to `count` threads without starting its pool, where the pool
+    is down (in a forked child: OpenBLAS stops it around a fork and starts it again at the
+    next call that needs it). `openblas_set_num_threads` starts the whole pool first (a
+    thread per core, each spinning before it sleeps: ~20 ms of CPU per worker on 2 cores);
+    with the count at 1 OpenBLAS computes in the calling thread and never needs it. Only
+    for libraries that export the two counters; False where it did nothing."""
+    no_load = getattr(os, "RTLD_NOLOAD", None)
+    if no_load is None or "openblas" not in os.path.basename(path).lower():
+        return False
+    try:
+        library = ctypes.CDLL(path, mode=no_load | os.RTLD_NOW)
+        available = ctypes.c_int.in_dll(library, "blas_server_avail")
+        number = ctypes.c_int.in_dll(library, "blas_cpu_number")
+    except (OSError, ValueError):
+        return False
+    if available.value != 0:  # the pool runs: the API is cheap then
+        return False
+    number.value = count
+    return True
 
 
 def set_blas_threads(count: int) -> list[str]:
     """Set every loaded OpenBLAS and MKL to `count` threads; returns the libraries' paths.
-    A library already at `count` is left alone (see `OneBlasThreadForFork`)."""
+    A library already at `count` is left alone; an OpenBLAS whose pool is down keeps it down
+    (see `_openblas_count_without_pool`)."""
     done = []
     current = blas_threads()
     for path, set_threads in _known_functions(getter=False):
-        if current.get(path) == count:
+        if current.get(path) == count or _openblas_count_without_pool(path, count):
             done.append(path)
             continue
         set_threads.restype = None
