@@ -115,7 +115,8 @@ class DataLoader(Generic[T_co]):
     """Combines a dataset and a sampler, and iterates over batches of the dataset.
 
     The arguments are torch's `torch.utils.data.DataLoader` arguments, with torch's meaning;
-    see the user guide (docs/guide/workers-and-failures.md) for how stoker delivers them. MXNet Gluon's extras:
+    see the user guide (docs/guide/workers-and-failures.md) for how stoker delivers them.
+    MXNet Gluon's extras:
 
     - `last_batch`: 'keep' (default), 'discard' (same as `drop_last=True`) or 'rollover'
       (a short last batch is carried into the first batch of the next epoch).
