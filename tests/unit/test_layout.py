@@ -1,0 +1,108 @@
+"""The source layout's rules: no import circle among stoker's modules (imports inside functions
+included), and no module above 600 lines unless the design page says why."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src"
+MAX_LINES = 600
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path, name: str, known: set[str]) -> set[str]:
+    """The stoker modules `path` imports, anywhere in it (a package import counts as its
+    __init__; `from package import module` as that module)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                stem = ".".join(base + ([node.module] if node.module else []))
+            else:
+                stem = node.module or ""
+            targets = [stem] + [f"{stem}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            if target in known and target != name:
+                found.add(target)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    paths = {_module_name(p): p for p in SRC.rglob("*.py")}
+    known = set(paths)
+    return {name: _imports(path, name, known) for name, path in paths.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_cycle_finder_finds_a_circle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circle_among_stokers_modules() -> None:
+    graph = _graph()
+    assert "stoker._core.arena" in graph and "stoker._core.protocol" in graph["stoker._core.arena"]
+    assert _cycles(graph) == []
+
+
+def test_modules_above_600_lines_are_explained_on_the_design_page() -> None:
+    page = (ROOT / "docs" / "design" / "modules.md").read_text()
+    section = page.split("## Files above 600 lines", 1)[1].split("\n## ", 1)[0]
+    explained = set(re.findall(r"`([\w/]+\.py)`", section))
+    long = {
+        str(path.relative_to(SRC / "stoker")): len(path.read_text().splitlines())
+        for path in SRC.rglob("*.py")
+        if len(path.read_text().splitlines()) > MAX_LINES
+    }
+    unexplained = {path: lines for path, lines in long.items() if path not in explained}
+    assert not unexplained, f"modules above {MAX_LINES} lines without a reason in docs/design/modules.md: {unexplained}"
