@@ -95,12 +95,67 @@ def test_a_forkserver_loader_starts_a_preloaded_server_when_made(tmp_path: Path)
     assert report["batches"] == [[[i, i * i] for i in range(k, k + 8)] for k in range(0, 40, 8)]
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="forkserver is a POSIX start method")
+def test_forkserver_workers_find_the_main_scripts_imports_already_imported(tmp_path: Path) -> None:
+    """A forkserver worker runs the main script again; the server preloads what the script
+    imported at its top, so the worker's run finds it imported instead of importing it anew."""
+    (tmp_path / "squares.py").write_text(DATASET)
+    imports = tmp_path / "imports.txt"
+    (tmp_path / "heavy.py").write_text(
+        "import os\n"
+        f"with open({str(imports)!r}, 'a') as out:\n"
+        "    out.write(f'{os.getpid()}\\n')\n"
+        "def helper():\n"
+        "    return 1\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(
+        """
+        import json, os
+        import stoker
+        from heavy import helper  # a function imported from the module is enough
+        from squares import Squares
+
+        if __name__ == "__main__":
+            loader = stoker.DataLoader(Squares(), batch_size=8, num_workers=2, multiprocessing_context="forkserver")
+            batches = [b.tolist() for b in loader]
+            print(json.dumps({"main": os.getpid(), "batches": len(batches)}))
+        """
+    ))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "src")]))
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["batches"] == 5
+    pids = [int(line) for line in imports.read_text().split()]
+    # the main process and the forkserver: not once more in each worker
+    assert len(pids) == 2 and report["main"] in pids
+
+
+def test_main_imports_names_what_the_main_script_took(monkeypatch) -> None:
+    import json
+    import types
+
+    from stoker._core.engines import main_imports
+
+    main = types.ModuleType("__main__")
+    main.__file__ = "/somewhere/train.py"
+    main.json, main.loads, main.local = json, json.loads, 3  # a module, a function from one, a value
+    main.Path = Path  # pathlib's class
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    assert main_imports() == ["json", "pathlib"]
+    del main.__file__  # interactive: nothing runs again, nothing to preload
+    assert main_imports() == []
+
+
 def test_prepare_forkserver_adds_the_dataset_and_collate_modules_once(monkeypatch) -> None:
+    import types
     from multiprocessing import forkserver
 
     import stoker
     from stoker._core.engines import WORKER_MODULES, prepare_forkserver
 
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # nothing of pytest's
     fresh = forkserver.ForkServer()
     monkeypatch.setattr(forkserver, "_forkserver", fresh)
     monkeypatch.setattr(forkserver, "set_forkserver_preload", fresh.set_forkserver_preload)
