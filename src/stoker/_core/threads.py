@@ -300,7 +300,8 @@ def _openblas_count_without_pool(path: str, count: int) -> bool:
     next call that needs it). `openblas_set_num_threads` starts the whole pool first (a
     thread per core, each spinning before it sleeps: ~20 ms of CPU per worker on 2 cores);
     with the count at 1 OpenBLAS computes in the calling thread and never needs it. Only
-    for libraries that export the two counters; False where it did nothing."""
+    lowers the count, and only for libraries that export the two counters; False where it
+    did nothing."""
     no_load = getattr(os, "RTLD_NOLOAD", None)
     if no_load is None or "openblas" not in os.path.basename(path).lower():
         return False
@@ -310,7 +311,8 @@ def _openblas_count_without_pool(path: str, count: int) -> bool:
         number = ctypes.c_int.in_dll(library, "blas_cpu_number")
     except (OSError, ValueError):
         return False
-    if available.value != 0:  # the pool runs: the API is cheap then
+    # the pool runs: the API is cheap then; a higher count may need threads the pool lacks
+    if available.value != 0 or not 1 <= count <= number.value:
         return False
     number.value = count
     return True
