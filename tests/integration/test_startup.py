@@ -136,7 +136,7 @@ def test_main_imports_names_what_the_main_script_took(monkeypatch) -> None:
     import json
     import types
 
-    from stoker._core.engines import main_imports
+    from stoker._core.forkserver import main_imports
 
     main = types.ModuleType("__main__")
     main.__file__ = "/somewhere/train.py"
@@ -153,7 +153,7 @@ def test_prepare_forkserver_adds_the_dataset_and_collate_modules_once(monkeypatc
     from multiprocessing import forkserver
 
     import stoker
-    from stoker._core.engines import WORKER_MODULES, prepare_forkserver
+    from stoker._core.forkserver import WORKER_MODULES, prepare_forkserver
 
     monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # nothing of pytest's
     fresh = forkserver.ForkServer()

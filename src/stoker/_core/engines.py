@@ -33,7 +33,6 @@ import os
 import pickle
 import queue
 import select
-import sys
 import threading
 import time
 import warnings
@@ -42,13 +41,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from multiprocessing import connection
 from multiprocessing.context import BaseContext
-from types import ModuleType
 from typing import Any, Protocol
 
 from . import threads
 from .arena import Arena, ArenaLink, arena_limit
 from .errors import ExceptionInfo
 from .fetch import EndOfStream
+from .forkserver import prepare_forkserver
 from .parent import ParentWatch
 from .plan import LoadPlan
 from .protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
@@ -139,62 +138,6 @@ def make_engine(plan: LoadPlan, base_seed: int) -> Engine:
         return ThreadEngine(configs(n, thread=True))
     context = plan.context if plan.context is not None else multiprocessing.get_context()
     return ProcessEngine(configs(n, thread=False), context, plan.arena)
-
-
-WORKER_MODULES = ("stoker._core.worker", "stoker._core.arena")
-
-
-def prepare_forkserver(dataset: Any, collate_fn: Any = None, start: bool = False) -> None:
-    """Have the forkserver import what every worker imports (stoker's worker modules, the
-    dataset's and the collate function's modules: `stoker.torch`'s collate brings torch) once,
-    so that each worker forked from it starts with them, and (`start`) start it now, so that
-    those imports overlap with the caller's own set-up.
-
-    The preload only applies to a server not yet running; modules already listed (by the
-    user, or multiprocessing's default `__main__`) are kept. A module that fails to import is
-    skipped by the server, as multiprocessing does for every preload."""
-    from multiprocessing import forkserver
-
-    server = getattr(forkserver, "_forkserver", None)
-    current = list(getattr(server, "_preload_modules", None) or ["__main__"])
-    wanted = [*WORKER_MODULES]
-    for module in (getattr(type(dataset), "__module__", None), getattr(collate_fn, "__module__", None)):
-        if isinstance(module, str) and module not in ("__main__", "builtins"):
-            wanted.append(module)
-    wanted.extend(main_imports())
-    modules = list(dict.fromkeys([*current, *wanted]))
-    if modules != current:
-        forkserver.set_forkserver_preload(modules)
-    if start:
-        forkserver.ensure_running()
-
-
-def main_imports() -> list[str]:
-    """The modules the main script took at its top (modules it imported, and those of the
-    classes and functions it imported from them), all already loaded here.
-
-    A forkserver worker runs the main script again, as a spawn worker does: multiprocessing's
-    preload of `__main__` never reaches the server (it passes the script's path under a key
-    the server does not read), so a training script that imports torch at its top costs each
-    worker torch's import (~0.8 s of CPU). With these preloaded by the server, the worker's
-    run of the script finds them imported."""
-    main = sys.modules.get("__main__")
-    if main is None or not (getattr(main, "__file__", None) or getattr(main, "__spec__", None)):
-        return []  # interactive: nothing is run again
-    names = []
-    for value in list(vars(main).values()):
-        try:
-            name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
-        except Exception:  # an object whose attributes raise: not a module's name
-            continue
-        if (
-            isinstance(name, str)
-            and name in sys.modules
-            and name not in ("__main__", "__mp_main__", "builtins")
-            and not name.startswith("_")
-        ):
-            names.append(name)
-    return list(dict.fromkeys(names))
 
 
 def make_transport(arena: Arena | None, num_workers: int) -> Transport:

@@ -35,8 +35,8 @@ from .._data.samplers import (
 from .arena import Arena, arena_limit
 from .auto import AutoStart, Choice, choose
 from .bar import require_tqdm
-from .engines import prepare_forkserver
 from .errors import UnshardedWarning
+from .forkserver import prepare_forkserver
 from .iterator import LoaderIterator
 from .plan import LoadPlan
 from .resume import ELASTIC_KEYS, Progress, capture_epoch, distributed_sampler, make_elastic
