@@ -162,17 +162,17 @@ def test_blas_threads_read_back_what_was_set() -> None:
     assert blas_threads() == before
 
 
-def test_functions_found_before_a_fork_are_used_until_a_module_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_setters_found_before_a_fork_are_used_until_a_module_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
     from stoker._core import threads
 
     before = blas_threads()
     if not before:
         pytest.skip("no OpenBLAS or MKL loaded in this process")
-    monkeypatch.setattr(threads, "_fork_functions", None)
+    monkeypatch.setattr(threads, "_fork_setters", None)
     threads.prepare_fork()
     searches = []
     real = threads._blas_functions
-    monkeypatch.setattr(threads, "_blas_functions", lambda getter, **kw: searches.append(getter) or real(getter, **kw))
+    monkeypatch.setattr(threads, "_blas_functions", lambda getter: searches.append(getter) or real(getter))
     try:
         assert sorted(set_blas_threads(1)) == sorted(before) and searches == []  # the inherited ones
         monkeypatch.setitem(sys.modules, "stoker_test_new_module", sys)  # as if one was imported
@@ -196,14 +196,13 @@ def test_a_forked_worker_limits_openblas_without_starting_its_pool(monkeypatch: 
         pytest.skip("no OpenBLAS loaded in this process")
     if max(before[path] for path in openblas) < 2:
         pytest.skip("OpenBLAS runs one thread here already")
-    real = threads._known_functions
+    real = threads._known_setters
     called: list[str] = []
 
-    def spied(getter: bool) -> list[tuple[str, Any]]:
-        found = real(getter)
-        return found if getter else [(path, lambda count, path=path: called.append(path)) for path, _ in found]
+    def spied() -> list[tuple[str, Any]]:
+        return [(path, lambda count, path=path: called.append(path)) for path, _ in real()]
 
-    monkeypatch.setattr(threads, "_known_functions", spied)
+    monkeypatch.setattr(threads, "_known_setters", spied)
     reader, writer = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child

@@ -241,13 +241,13 @@ def _loaded_libraries(keyword: str) -> list[str]:
     return list(paths)
 
 
-def _blas_functions(getter: bool, apis: Sequence[_BlasApi] = _BLAS_APIS) -> list[tuple[str, Any]]:
-    """(path, C function) for each loaded BLAS library of `apis`: its setter, or its getter."""
+def _blas_functions(getter: bool) -> list[tuple[str, Any]]:
+    """(path, C function) for each loaded BLAS library: its setter, or its getter."""
     no_load = getattr(os, "RTLD_NOLOAD", None)
     if no_load is None:
         return []
     found = []
-    for api in apis:
+    for api in _BLAS_APIS:
         for path in _loaded_libraries(api.keyword):
             try:
                 # RTLD_NOLOAD: a handle to the copy already loaded, never a new load
@@ -262,36 +262,34 @@ def _blas_functions(getter: bool, apis: Sequence[_BlasApi] = _BLAS_APIS) -> list
     return found
 
 
-# (pid, len(sys.modules), setters, getters) found by `prepare_fork` in the main process just
-# before it forks workers: a forked worker inherits the mapped libraries and the function
-# pointers with them, and skips the search (reading /proc/self/maps of a process holding
-# torch: 5-10 ms of each worker's start-up)
-_fork_functions: tuple[int, int, list[tuple[str, Any]], list[tuple[str, Any]]] | None = None
+# (pid, len(sys.modules), setters) found by `prepare_fork` in the main process just before it
+# forks workers: a forked worker inherits the mapped libraries and the function pointers with
+# them, and skips the search (reading /proc/self/maps of a process holding torch: 5-10 ms of
+# each worker's start-up)
+_fork_setters: tuple[int, int, list[tuple[str, Any]]] | None = None
 
 
 def prepare_fork() -> None:
-    """In the main process, before forking workers: find the BLAS functions once for them all."""
-    global _fork_functions
-    known = _fork_functions
+    """In the main process, before forking workers: find the BLAS setters once for them all."""
+    global _fork_setters
+    known = _fork_setters
     if known is None or known[0] != os.getpid() or known[1] != len(sys.modules):
         try:
-            _fork_functions = (
-                os.getpid(), len(sys.modules), _blas_functions(getter=False), _blas_functions(getter=True)
-            )
+            _fork_setters = (os.getpid(), len(sys.modules), _blas_functions(getter=False))
         except Exception:
-            _fork_functions = None
+            _fork_setters = None
 
 
-def _known_functions(getter: bool) -> list[tuple[str, Any]]:
-    """`_blas_functions(getter)`, from `prepare_fork`'s search when it still holds."""
-    known = _fork_functions
+def _known_setters() -> list[tuple[str, Any]]:
+    """`_blas_functions(getter=False)`, from `prepare_fork`'s search when it still holds."""
+    known = _fork_setters
     if known is not None:
-        pid, modules, setters, getters = known
+        pid, modules, setters = known
         # found by our parent right before it forked us; or by this process, and no module
         # imported since (it may have mapped another BLAS)
         if pid == os.getppid() or (pid == os.getpid() and modules == len(sys.modules)):
-            return getters if getter else setters
-    return _blas_functions(getter)
+            return setters
+    return _blas_functions(getter=False)
 
 
 def _openblas_count_without_pool(path: str, count: int) -> bool:
@@ -320,12 +318,10 @@ def _openblas_count_without_pool(path: str, count: int) -> bool:
 
 def set_blas_threads(count: int) -> list[str]:
     """Set every loaded OpenBLAS and MKL to `count` threads; returns the libraries' paths.
-    A library already at `count` is left alone; an OpenBLAS whose pool is down keeps it down
-    (see `_openblas_count_without_pool`)."""
+    An OpenBLAS whose pool is down keeps it down (see `_openblas_count_without_pool`)."""
     done = []
-    current = blas_threads()
-    for path, set_threads in _known_functions(getter=False):
-        if current.get(path) == count or _openblas_count_without_pool(path, count):
+    for path, set_threads in _known_setters():
+        if _openblas_count_without_pool(path, count):
             done.append(path)
             continue
         set_threads.restype = None
@@ -338,7 +334,7 @@ def set_blas_threads(count: int) -> list[str]:
 def blas_threads() -> dict[str, int]:
     """Thread count of every loaded OpenBLAS and MKL, by library path."""
     counts = {}
-    for path, get_threads in _known_functions(getter=True):
+    for path, get_threads in _blas_functions(getter=True):
         get_threads.restype = ctypes.c_int
         get_threads.argtypes = []
         counts[path] = int(get_threads())

@@ -148,16 +148,20 @@ def seed_globals(base_seed: int, worker_id: int, rank: int = 0, num_workers: int
 
 
 def seed_torch(torch: Any, seed: int) -> None:
-    """`torch.manual_seed(seed)`, as torch's workers call it. Without an accelerator only
-    the CPU generator exists to seed: seeded alone, without the calls torch.manual_seed
-    queues for devices that will never initialise (each records a stack trace: ~6 ms of a
-    worker's start-up)."""
+    """`torch.manual_seed(seed)`, as torch's workers call it. A torch built without any
+    accelerator has only the CPU generator to seed: seeded alone, without the calls
+    torch.manual_seed queues for devices that cannot exist (each records a stack trace: ~6 ms
+    of a worker's start-up). Asked of the build, not the driver: a forked worker must not
+    touch CUDA."""
     try:
-        accelerator = torch.cuda.is_available() or torch.backends.mps.is_available()
         xpu = getattr(torch, "xpu", None)
-        accelerator = accelerator or (xpu is not None and xpu.is_available())
         custom = getattr(torch._C, "_get_privateuse1_backend_name", None)
-        accelerator = accelerator or (custom is not None and hasattr(torch, custom()))  # as torch looks
+        accelerator = (
+            torch.backends.cuda.is_built()
+            or torch.backends.mps.is_built()
+            or (xpu is not None and xpu._is_compiled())
+            or (custom is not None and hasattr(torch, custom()))  # as torch.manual_seed looks
+        )
     except Exception:
         accelerator = True
     if accelerator or not hasattr(torch, "default_generator"):

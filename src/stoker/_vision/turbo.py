@@ -49,18 +49,14 @@ def _candidates() -> list[str]:
     system = ctypes.util.find_library("turbojpeg")
     if system:
         found.append(system)
-    spec = importlib.util.find_spec("turbojpeg") if _importable("turbojpeg") else None
+    try:
+        spec = importlib.util.find_spec("turbojpeg")
+    except (ImportError, ValueError):
+        spec = None
     if spec is not None and spec.origin:
         libs = os.path.join(os.path.dirname(spec.origin), "turbojpeg.libs")
         found.extend(sorted(glob.glob(os.path.join(libs, "libturbojpeg*.so*"))))
     return found
-
-
-def _importable(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def _load(path: str) -> Any:
