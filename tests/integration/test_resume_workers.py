@@ -59,6 +59,7 @@ def test_prefetched_next_epoch_of_persistent_workers_is_replayed() -> None:
         return stoker.DataLoader(
             Numbers(12), batch_size=2, shuffle=True, num_workers=num_workers,
             persistent_workers=num_workers > 0, prefetch_factor=4 if num_workers else None,
+            auto_reload=num_workers > 0,
         )
 
     # persistent both ways: a non-persistent loader draws a base seed from the global RNG each

@@ -12,9 +12,11 @@ raises `WorkerDiedError` at that batch's position, naming it. A batch that kills
 workers in a row is not sent a third time.
 
 With `persistent_workers`, the loader keeps one iterator and `iter(loader)` starts its
-next epoch. When the current epoch's last index has been dispatched, the next epoch's
-first batches are dispatched at once (next-epoch prefetch), unless the sampler has
-`set_epoch` — it must see the new epoch before it is read.
+next epoch: as in torch, nothing of an epoch is read before its `iter()`, so whatever the
+user sets between epochs (`dataset.set_epoch`, `sampler.set_epoch`, an attribute of a
+shared object) is seen by the epoch that follows. With `auto_reload=True` the next epoch's
+first batches are dispatched as soon as the current epoch's last index has been (next-epoch
+prefetch), unless the sampler has `set_epoch`.
 
 The iterator holds no reference to the loader, and its engine is closed by a
 `weakref.finalize`, so workers stop when the iterator is exhausted (non-persistent),
@@ -78,7 +80,7 @@ class LoaderIterator(Generic[T]):
         self._yielded = 0
         self._restarts = 0
         self._last_killer: dict[int, int] = {}  # worker id -> task it owed when it last died
-        self._prefetch_next = plan.persistent and not _has_set_epoch(plan.index_sampler)
+        self._prefetch_next = _prefetches_next(plan)
         pin = pin_function(plan.pin_memory_device, stacklevel=4) if plan.pin_memory else None
         self._pin = pin
         # torch pins inline with num_workers=0 and on a pin thread with workers; so do we
@@ -309,7 +311,7 @@ class LoaderIterator(Generic[T]):
             self._pin_inline = None
             self._pinner = self._running.pinner = PinThread(self._pin, init=device_setup())
             self._born_pinned = _pinned_arena(plan.arena)
-        self._prefetch_next = plan.persistent and not _has_set_epoch(plan.index_sampler)
+        self._prefetch_next = _prefetches_next(plan)
         try:
             engine.start()
         except BaseException as exc:  # e.g. a dataset that spawn cannot pickle
@@ -602,6 +604,12 @@ def _pinned_arena(arena: Any) -> Callable[[Any], bool] | None:
     if registrar is None:
         return None
     return arena.pin(registrar).born_pinned
+
+
+def _prefetches_next(plan: LoadPlan) -> bool:
+    """Whether the next epoch is dispatched before `iter()` asks for it: only with
+    `auto_reload=True`, and never past a sampler's `set_epoch`, which must come first."""
+    return plan.persistent and plan.auto_reload and not _has_set_epoch(plan.index_sampler)
 
 
 def _has_set_epoch(index_sampler: Any) -> bool:

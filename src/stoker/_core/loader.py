@@ -123,6 +123,12 @@ class DataLoader(Generic[T_co]):
     - `batchify_fn`: another name for `collate_fn`; give at most one of them.
     - `thread_pool`: with `num_workers > 0`, workers are threads of this process instead of
       processes (batches are passed by reference).
+    - `auto_reload` (default False): with `persistent_workers=True`, the workers start on the
+      next epoch's first batches as soon as the current epoch's last batch is sent, instead
+      of at the next `iter()`. It hides the epoch boundary, but those batches read the
+      dataset before the loop reaches `iter()`: a `dataset.set_epoch(e)` (or any change to
+      the dataset) made between epochs misses them. A sampler with `set_epoch` is waited for.
+      Raises ValueError without `persistent_workers=True`.
 
     stoker's own: `max_worker_restarts` (default 0): how many times one iterator replaces a
     worker process that died (killed by the OOM killer, a segfault, `os._exit`) and re-sends
@@ -182,6 +188,7 @@ class DataLoader(Generic[T_co]):
         last_batch: str | None = None,
         batchify_fn: Callable[[list[Any]], Any] | None = None,
         thread_pool: bool = False,
+        auto_reload: bool = False,
         max_worker_restarts: int = 0,
         seed_each_batch: bool = False,
         stats: bool = True,
@@ -225,6 +232,13 @@ class DataLoader(Generic[T_co]):
                 raise ValueError("prefetch_factor option should be non-negative")
         if persistent_workers and workers_given == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
+        _check_bool(auto_reload, "auto_reload")
+        if auto_reload and not persistent_workers:
+            raise ValueError(
+                "auto_reload=True prefetches the next epoch on the workers that finish this one; "
+                "it needs persistent_workers=True (and num_workers > 0), but got "
+                f"persistent_workers={persistent_workers!r}"
+            )
         _check_callable(collate_fn, "collate_fn")
         _check_callable(batchify_fn, "batchify_fn")
         _check_callable(worker_init_fn, "worker_init_fn")
@@ -272,6 +286,7 @@ class DataLoader(Generic[T_co]):
         self.multiprocessing_context = multiprocessing_context
         self.in_order = in_order
         self.thread_pool = thread_pool
+        self.auto_reload = auto_reload
         self.max_worker_restarts = max_worker_restarts
         self.seed_each_batch = seed_each_batch
         self.stats_enabled = stats
@@ -532,6 +547,7 @@ class DataLoader(Generic[T_co]):
             num_workers=workers,
             window=max(1, prefetch * max(workers, 1)),
             persistent=bool(self.persistent_workers) and workers > 0,
+            auto_reload=self.auto_reload,
             timeout=float(self.timeout or 0),
             worker_init_fn=self.worker_init_fn,
             context=self.multiprocessing_context,

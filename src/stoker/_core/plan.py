@@ -32,6 +32,9 @@ class LoadPlan:
     num_workers: int
     window: int  # tasks dispatched and not yet delivered, at most
     persistent: bool
+    # prefetch the next epoch before iter() (persistent workers only): an opt-in, as it reads
+    # the dataset and sampler before anything the user sets between epochs
+    auto_reload: bool
     timeout: float
     worker_init_fn: Callable[[int], None] | None
     context: BaseContext | None  # None: multiprocessing's default

@@ -230,18 +230,24 @@ def _jobs(
     if "W6" in plan.workloads and any(w > 0 for w in plan.workers):
         for name, mod in mods.items():
 
-            def make_persistent(n: int, mod: Any = mod) -> Any:
-                return mod.DataLoader(Images(n), batch_size=64, num_workers=2, persistent_workers=True)
+            # stoker's opt-in next-epoch prefetch (auto_reload=True) beside its default, which
+            # starts each epoch at iter() as torch does
+            reloads = (False, True) if name.startswith("stoker") else (False,)
+            for reload in reloads:
 
-            jobs.append(
-                (
-                    "W6",
-                    name,
-                    2,
-                    "cost",
-                    lambda make=make_persistent: _epoch_boundary(make, s.w6_images, s.w6_epochs, 64),
+                def make_persistent(n: int, mod: Any = mod, reload: bool = reload) -> Any:
+                    extra = {"auto_reload": True} if reload else {}
+                    return mod.DataLoader(Images(n), batch_size=64, num_workers=2, persistent_workers=True, **extra)
+
+                jobs.append(
+                    (
+                        "W6",
+                        name,
+                        2,
+                        "cost auto_reload" if reload else "cost",
+                        lambda make=make_persistent: _epoch_boundary(make, s.w6_images, s.w6_epochs, 64),
+                    )
                 )
-            )
     return jobs
 
 
@@ -327,7 +333,7 @@ def _record(results: dict[Key, Result], key: Key, value: Any) -> None:
     if workload == "W6":
         cost = _result(results, key)
         cost.values.append(value["cost_s"] / value["batch_s"])
-        gap = _result(results, (workload, name, workers, "gap"))
+        gap = _result(results, (workload, name, workers, key[3].replace("cost", "gap")))
         gap.values.append(value["gap_s"] / value["median_gap_s"])
         for row in (cost, gap):
             for field_name, seconds in value.items():
