@@ -72,6 +72,13 @@ GROWTH = 1.25
 MIN_SLOT_BYTES = 1 << 16
 ARENA_LIMIT_ENV = "STOKER_ARENA_MAX_BYTES"
 MAX_KEPT_FDS = 256  # descriptors the main process keeps to share slots with later workers
+# Array leaves up to this size are copied out of their slot when the batch arrives, so that
+# keeping one (a batch's labels) holds only its own bytes, never its batch's slot.
+COPY_OUT_BYTES = 1 << 14
+# A slot some of whose arrays are gone while others are kept gives the pages of the gone ones
+# back to the system after this many further slot orders (a loop that drops a batch's fields
+# one after another within a step never pays for it).
+PUNCH_AFTER_ORDERS = 4
 
 
 def _aligned(n: int) -> int:
@@ -139,6 +146,9 @@ _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 _libc.munmap.restype = ctypes.c_int
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.madvise.restype = ctypes.c_int
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_MADV_REMOVE = getattr(mmap, "MADV_REMOVE", 9)
 _MAP_FAILED = ctypes.c_void_p(-1).value
 _MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
@@ -448,6 +458,15 @@ class SlotPool:
         self.released: deque[int] = deque()  # filled by `_Return`, from any thread
         self.leases: dict[int, weakref.ref[np.ndarray]] = {}  # slot id -> its batch's owner array
         self._returns: dict[int, _Return] = {}
+        # per-array leases (`lease_leaves`): each array leaf of a batch owns its own range of
+        # the slot; the slot is released when the last of them is gone
+        self.returned: deque[tuple[int, int, int]] = deque()  # (slot, start, end), any thread
+        self.live: dict[int, int] = {}  # slot id -> its batch's array leaves still alive
+        self.leaf_refs: dict[int, list[weakref.ref[np.ndarray]]] = {}
+        self.partial: dict[int, tuple[int, list[tuple[int, int]]]] = {}  # slot -> (since, gone ranges)
+        self.punched: dict[int, int] = {}  # slot id -> bytes given back while it is leased
+        self.orders = 0  # slot orders so far: the clock of `partial`
+        self.whole: dict[int, np.ndarray] = {}  # slot id -> a uint8 array over it, for copies
         self.peak_need = 0  # bytes the largest batch so far occupied
         # pinned slots (see hostpin): a released slot is fenced, and handed out once its
         # fence is done, so that no worker writes into it while a copy may still read it
@@ -458,6 +477,11 @@ class SlotPool:
         """A free slot, preferring one the asking process maps already; the largest of those.
         A fenced slot is taken only once its fence is done, or (when no other slot is free)
         after waiting for it."""
+        self.orders += 1
+        if self.returned:
+            self._settle_leaves()
+        if self.partial:
+            self._punch_stale()
         while self.released:
             slot_id = self.released.popleft()
             if slot_id in self.maps:
@@ -497,11 +521,82 @@ class SlotPool:
         self.leases[slot_id] = weakref.ref(owner, back)
         return owner
 
+    def lease_leaves(self, leaves: tuple[tuple[Any, ...], ...]) -> list[Any]:
+        """A batch's array leaves, each (slot id, offset, dtype, shape, nbytes, as_tensor),
+        as arrays (or tensors) of their own. A small leaf is copied out of its slot; a large
+        one is a view on a range of the slot owned by its own base array, and when the last
+        view of that base is garbage-collected its range is returned (`_settle_leaves`). So
+        what stays held is what the user keeps, array by array, as with torch's tensors."""
+        views: list[Any] = []
+        counts: dict[int, int] = {}
+        for slot_id, offset, dtype, shape, nbytes, as_tensor in leaves:
+            if nbytes <= COPY_OUT_BYTES:
+                whole = self.whole.get(slot_id)
+                if whole is None:
+                    whole = self.whole[slot_id] = np.frombuffer(self.maps[slot_id], dtype=np.uint8)
+                array = whole[offset : offset + nbytes].view(dtype).reshape(shape).copy()
+            else:
+                owner = np.frombuffer(self.maps[slot_id], dtype=np.uint8, count=nbytes, offset=offset)
+                refs = self.leaf_refs.get(slot_id)
+                if refs is None or slot_id not in counts:
+                    refs = self.leaf_refs[slot_id] = []
+                refs.append(weakref.ref(owner, _LeafReturn(slot_id, offset, offset + nbytes, self.returned)))
+                counts[slot_id] = counts.get(slot_id, 0) + 1
+                array = owner.view(dtype).reshape(shape)
+            views.append(_as_tensor(array) if as_tensor else array)
+        for slot_id in {leaf[0] for leaf in leaves}:
+            if slot_id in counts:
+                self.live[slot_id] = counts[slot_id]
+            else:  # every leaf was copied out: the slot is free again at once
+                self.released.append(slot_id)
+        return views
+
+    def _settle_leaves(self) -> None:
+        """Count the array leaves that were garbage-collected: a slot whose last leaf went is
+        released; one with leaves still kept remembers the ranges of those that went."""
+        while self.returned:
+            slot_id, start, end = self.returned.popleft()
+            left = self.live.get(slot_id)
+            if left is None:  # the slot was retired meanwhile
+                continue
+            if left > 1:
+                self.live[slot_id] = left - 1
+                self.partial.setdefault(slot_id, (self.orders, []))[1].append((start, end))
+                continue
+            del self.live[slot_id]
+            self.partial.pop(slot_id, None)
+            self.punched.pop(slot_id, None)
+            self.leaf_refs.pop(slot_id, None)
+            self.released.append(slot_id)
+
+    def _punch_stale(self) -> None:
+        """Give back the pages of arrays that went while others of their batch are kept (for
+        `PUNCH_AFTER_ORDERS` orders): the slot stays leased, but holds only what is kept.
+        The pages come back zeroed when the slot is written again."""
+        for slot_id, (since, ranges) in list(self.partial.items()):
+            if self.orders - since < PUNCH_AFTER_ORDERS:
+                continue
+            del self.partial[slot_id]
+            buffer = self.maps.get(slot_id)
+            if buffer is None:
+                continue
+            address = ctypes.addressof(buffer)
+            for start, end in ranges:
+                first = _page_rounded(start)
+                last = end // mmap.PAGESIZE * mmap.PAGESIZE
+                if last > first and _libc.madvise(address + first, last - first, _MADV_REMOVE) == 0:
+                    self.punched[slot_id] = self.punched.get(slot_id, 0) + last - first
+
     def forget(self, slot_id: int) -> int | None:
         """Drop a retired slot (unmapped once its last view is gone); its fd, if kept."""
         self.maps.pop(slot_id, None)
         self.sizes.pop(slot_id, 0)
         self.leases.pop(slot_id, None)
+        self.whole.pop(slot_id, None)
+        self.live.pop(slot_id, None)
+        self.leaf_refs.pop(slot_id, None)
+        self.partial.pop(slot_id, None)
+        self.punched.pop(slot_id, None)
         self.fences.pop(slot_id, None)
         self._returns.pop(slot_id, None)
         return self.fds.pop(slot_id, None)
@@ -509,6 +604,11 @@ class SlotPool:
     @property
     def bytes(self) -> int:
         return sum(self.sizes.values())
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes of slots less the pages given back from kept batches' gone arrays."""
+        return self.bytes - sum(self.punched.values())
 
 
 class _Return:
@@ -522,6 +622,21 @@ class _Return:
 
     def __call__(self, _: object) -> None:
         self.released.append(self.slot_id)
+
+
+class _LeafReturn:
+    """A leaf's lease callback: puts its slot and byte range on the returned queue."""
+
+    __slots__ = ("end", "returned", "slot_id", "start")
+
+    def __init__(self, slot_id: int, start: int, end: int, returned: deque[tuple[int, int, int]]) -> None:
+        self.slot_id = slot_id
+        self.start = start
+        self.end = end
+        self.returned = returned
+
+    def __call__(self, _: object) -> None:
+        self.returned.append((self.slot_id, self.start, self.end))
 
 
 class Arena:
@@ -566,7 +681,7 @@ class Arena:
             self._workers.add(worker_id)
             pool = self.slots
             slot_id = pool.take_free(mapped)
-            budget = None if self.limit is None else max(0, self.limit - pool.bytes)
+            budget = None if self.limit is None else max(0, self.limit - pool.resident_bytes)
             # the largest batch so far, no headroom: batches of one size (images) then take
             # exactly window + 2 of their sizes at steady state; a larger batch outgrows its
             # slot and gets a new one with GROWTH headroom (`SlotWriter`)
@@ -614,8 +729,13 @@ class Arena:
         views = []
         if header.leaves:  # each (slot id, offset, dtype, shape, nbytes, as_tensor)
             pool.peak_need = max(pool.peak_need, max(leaf[1] + leaf[4] for leaf in header.leaves))
-            owners = {slot_id: pool.lease(slot_id) for slot_id in {leaf[0] for leaf in header.leaves}}
-            views = [_view(owners[leaf[0]], *leaf[1:]) for leaf in header.leaves]
+            if self.registry is None:
+                views = pool.lease_leaves(header.leaves)
+            else:
+                # a slot registered with CUDA is leased whole: its pages stay where the
+                # registration maps them, and the batch stays in registered memory
+                owners = {slot_id: pool.lease(slot_id) for slot_id in {leaf[0] for leaf in header.leaves}}
+                views = [_view(owners[leaf[0]], *leaf[1:]) for leaf in header.leaves]
         payload = _LeafUnpickler(io.BytesIO(body), views).load()
         return Done(header.task_id, payload, header.work), header
 
@@ -647,12 +767,12 @@ class Arena:
     def _check_held(self, pool: SlotPool) -> None:
         if not self._warned_held and len(pool.maps) > self.HELD_WARNING_SLOTS * max(1, len(self._workers)):
             self._warned_held = True
-            total = pool.bytes / 2**20
+            total = pool.resident_bytes / 2**20
             warnings.warn(
                 f"a DataLoader worker's shared-memory arena has grown to {len(pool.maps)} slots "
-                f"({total:.0f} MiB): the batches you keep hold their slots, so the arena grows to "
-                "keep serving new ones. Copy batches you keep (np.array(x) / tensor.clone()) to "
-                "let their slots be reused.",
+                f"({total:.0f} MiB in use): the large arrays of batches you keep hold their "
+                "memory, as they would with torch's loader. Copy what you keep "
+                "(np.array(x) / tensor.clone()) if you meant to keep only a part of it.",
                 RuntimeWarning,
                 stacklevel=6,
             )
@@ -672,11 +792,13 @@ def _close_fds(pool: SlotPool) -> None:
 
 def _view(owner: np.ndarray, offset: int, dtype: str, shape: tuple[int, ...], nbytes: int, as_tensor: bool) -> Any:
     array = owner[offset : offset + nbytes].view(dtype).reshape(shape)
-    if as_tensor:
-        import torch  # a worker made a tensor; this process may not have imported torch yet
+    return _as_tensor(array) if as_tensor else array
 
-        return torch.from_numpy(array)
-    return array
+
+def _as_tensor(array: np.ndarray) -> Any:
+    import torch  # a worker made a tensor; this process may not have imported torch yet
+
+    return torch.from_numpy(array)
 
 
 class ArenaLink:
