@@ -348,7 +348,11 @@ class SlotWriter:
             return (PLAIN,), [pickle.dumps(reply, protocol=5)], []
         leaves: list[tuple[np.ndarray, bool]] = []
         stream = io.BytesIO()
-        _LeafPickler(stream, leaves).dump(reply.payload)
+        try:
+            _LeafPickler(stream, leaves).dump(reply.payload)
+        except BaseException:  # the batch cannot be sent: a slot made for it goes too
+            self._discard(made)
+            raise
         body = stream.getvalue()
         if not leaves:
             self._discard(made)
