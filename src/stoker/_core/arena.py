@@ -573,12 +573,18 @@ class SlotPool:
             self.leaf_refs.pop(slot_id, None)
             self.released.append(slot_id)
 
-    def _punch_stale(self) -> None:
+    def settle(self) -> None:
+        """Count the leaves gone so far, and give back the pages of every gone array whose
+        batch is partly kept, however recent (at the end of an epoch, and when the arena goes)."""
+        self._settle_leaves()
+        self._punch_stale(after=0)
+
+    def _punch_stale(self, after: int = PUNCH_AFTER_ORDERS) -> None:
         """Give back the pages of arrays that went while others of their batch are kept (for
-        `PUNCH_AFTER_ORDERS` orders): the slot stays leased, but holds only what is kept.
-        The pages come back zeroed when the slot is written again."""
+        `after` orders): the slot stays leased, but holds only what is kept. The pages come
+        back zeroed when the slot is written again."""
         for slot_id, (since, ranges) in list(self.partial.items()):
-            if self.orders - since < PUNCH_AFTER_ORDERS:
+            if self.orders - since < after:
                 continue
             del self.partial[slot_id]
             buffer = self.maps.get(slot_id)
@@ -781,6 +787,11 @@ class Arena:
                 stacklevel=6,
             )
 
+    def settle(self) -> None:
+        """Give back now the pages of arrays gone from batches that are partly kept."""
+        with self._lock:
+            self.slots.settle()
+
     def reserved_bytes(self) -> int:
         """Bytes of all the slots this arena knows of, whether they hold a batch or are
         free: the shared memory the loader keeps reserved."""
@@ -789,6 +800,7 @@ class Arena:
 
 
 def _close_fds(pool: SlotPool) -> None:
+    pool.settle()  # slots still leased by kept arrays outlive the arena: only those stay held
     fds, pool.fds = pool.fds, {}
     for fd in fds.values():
         os.close(fd)

@@ -502,6 +502,8 @@ class LoaderIterator(Generic[T]):
         self._stop_stats(at_return=True)
         self._scheduler.finish_epoch()
         self._started_current = False
+        if self._plan.arena is not None:  # no slot order may come for a while: settle now
+            self._plan.arena.settle()
         if not self._plan.persistent:
             self._close()
 
