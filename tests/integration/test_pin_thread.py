@@ -157,8 +157,9 @@ def test_auto_moves_the_epoch_to_workers_forked_before_the_pin_thread(pin_double
     monkeypatch.setattr(auto.Head, "decide", lambda self: auto.Choice(2, 2, "num_workers=2 (the test's)"))
     loader = stoker.DataLoader(Range(), batch_size=2, num_workers="auto", pin_memory=True,
                                multiprocessing_context="fork")
-    got = [int(b[0, 0]) for _, b in loader]
-    assert got == list(range(0, 40, 2)) and loader.num_workers == 2
+    got = list(loader)
+    assert all(isinstance(b, tuple) and b[0] == "pinned" for b in got)  # also the batch at the move
+    assert [int(b[0, 0]) for _, b in got] == list(range(0, 40, 2)) and loader.num_workers == 2
     assert len(forks) == 2  # the workers "auto" chose, forked after the inline head
     assert not [name for names in forks for name in names if name.startswith("stoker")]
 

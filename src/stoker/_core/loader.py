@@ -130,6 +130,13 @@ class DataLoader(Generic[T_co]):
     the batches it owed, so that the epoch completes with every sample once, in order. It
     has no effect on thread workers and `num_workers=0` (a thread does not die alone).
 
+    `pin_memory` (bool or 'born', default False): True pins as torch does (batches copied
+    into torch's pinned memory on a pin thread, safe under copies on any stream); 'born'
+    (stoker's own) hands out batches born pinned in the shared-memory arena's slots,
+    registered with CUDA, with no pin copy, under the rule of docs/guide/feeding-a-gpu.md
+    (copy each batch on the iterating thread's current stream, or synchronise before dropping
+    it). Raises ValueError for another string and TypeError for a value that is not a bool.
+
     `num_workers="auto"` / `prefetch_factor="auto"`: chosen once, in the first epoch, and
     kept for the loader's life. A map-style dataset's first epoch starts in this process:
     its first few batches are fetched here, timed and delivered as usual, and then the rest
