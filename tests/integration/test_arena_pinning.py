@@ -322,3 +322,20 @@ def test_born_pinned_sees_tensors_outside_registered_slots() -> None:
     assert registry.born_pinned({"x": slot_tensor, "names": ["a"], "n": 3})
     assert not registry.born_pinned({"x": slot_tensor, "y": [torch.zeros(3)]})
     assert registry.born_pinned([torch.zeros(0), slot_tensor])  # an empty tensor has nothing to copy
+
+
+def test_copied_replaces_what_lies_in_a_registered_slot_and_strict_sees_numpy() -> None:
+    double = Registrar()
+    registry = hostpin.Registry(double)
+    inside = np.arange(1024, dtype=np.uint8)
+    registry._starts, registry._ends = [inside.ctypes.data], {inside.ctypes.data: inside.ctypes.data + 1024}
+    slot_tensor, slot_array, outside = torch.from_numpy(inside[64:128]), inside[:8], torch.zeros(3)
+    batch = {"x": slot_tensor, "a": [slot_array, "name"], "o": outside}
+    assert registry.born_pinned(batch) is False  # `outside` is not in a slot
+    assert registry.born_pinned({"x": slot_tensor, "a": [slot_array]})
+    assert not registry.born_pinned({"x": slot_tensor, "a": [slot_array]}, strict=True)
+    copied = registry.copied(batch)
+    assert not registry.holds(copied["x"].data_ptr()) and torch.equal(copied["x"], slot_tensor)
+    assert not registry.holds(copied["a"][0].ctypes.data) and np.array_equal(copied["a"][0], slot_array)
+    assert copied["a"][1] == "name" and copied["o"] is outside  # the rest is left as it is
+    assert double.copies == 1  # tensors through the registrar: torch's pinned memory
