@@ -1,10 +1,16 @@
-"""The pinned arena on a CUDA device: batches born pinned, exact after many epochs of reused
-slots, nothing registered once the loader is gone, and copies from the arena that overlap a
-step. Skipped where torch finds no CUDA GPU."""
+"""Pinned memory on a CUDA device. Plain `pin_memory=True`: batches in torch's pinned memory,
+intact under copies queued on a side stream from another thread while the workers go on
+(the prefetchers of timm and NVIDIA's ImageNet example do this). `pin_memory="born"`: batches
+born pinned in the arena, exact after many epochs of reused slots, nothing registered once
+the loader is gone. `to_device`: born pinned under it, copied out again in a later plain
+epoch; its copies overlap a step. Skipped where torch finds no CUDA GPU."""
 
 from __future__ import annotations
 
 import gc
+import queue
+import threading
+from typing import Any
 
 import pytest
 
@@ -16,12 +22,20 @@ pytestmark = pytest.mark.skipif(
 
 from stoker.torch import DataLoader, normalize, to_device  # noqa: E402
 
+# GPU cycles the side stream sleeps before each copy (milliseconds on any current GPU): the
+# copy starts long after its host batch was dropped and its memory could have been reused
+SIDE_SLEEP_CYCLES = 20_000_000
+JOIN_S = 120.0
+
 
 class Pictures:
-    """96 samples of 3x64x64 uint8, sample i filled from i."""
+    """`n` samples of 3x64x64 uint8, sample i filled from i."""
+
+    def __init__(self, n: int = 96) -> None:
+        self.n = n
 
     def __len__(self) -> int:
-        return 96
+        return self.n
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         image = (torch.arange(3 * 64 * 64, dtype=torch.int64).reshape(3, 64, 64) + i) % 251
@@ -33,13 +47,82 @@ def expected(index: torch.Tensor) -> torch.Tensor:
     return ((base + index.view(-1, 1, 1, 1)) % 251).to(torch.uint8)
 
 
-def test_batches_are_born_pinned_and_exact_over_many_epochs() -> None:
-    loader = DataLoader(Pictures(), batch_size=8, shuffle=True, num_workers=2, pin_memory=True,
+def in_registered_slot(loader: Any, tensor: torch.Tensor) -> bool:
+    registry = loader._arena.registry
+    return registry is not None and registry.holds(tensor.data_ptr())
+
+
+def side_stream_copies(loader: Any, epochs: int) -> tuple[int, list[int]]:
+    """Iterate `loader` here; copy each batch on a side stream of a second thread, after a
+    GPU sleep on that stream, dropping the host batch as soon as the copy is queued. Returns
+    (batches copied, positions of those whose device copy differs from what was loaded)."""
+    side = torch.cuda.Stream()
+    handed: queue.Queue[Any] = queue.Queue(maxsize=4)
+    copied: list[tuple[torch.Tensor, torch.Tensor]] = []
+    errors: list[BaseException] = []
+
+    def copy_on_the_side() -> None:
+        try:
+            with torch.cuda.stream(side):
+                while True:
+                    item = handed.get()
+                    if item is None:
+                        return
+                    images, index = item
+                    del item
+                    torch.cuda._sleep(SIDE_SLEEP_CYCLES)
+                    moved = images.to("cuda", non_blocking=True)
+                    copied.append((moved, index.clone()))
+                    del images, index  # the host batch goes now; its copy has not started
+        except BaseException as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=copy_on_the_side, name="test-side-stream")
+    thread.start()
+    try:
+        for _ in range(epochs):
+            for images, index in loader:  # the workers keep filling slots meanwhile
+                assert images.is_pinned()
+                handed.put((images, index))
+                del images, index
+    finally:
+        handed.put(None)
+        thread.join(JOIN_S)
+    assert not thread.is_alive() and not errors, errors
+    side.synchronize()
+    wrong = [at for at, (moved, index) in enumerate(copied) if not torch.equal(moved.cpu(), expected(index))]
+    return len(copied), wrong
+
+
+def test_side_stream_copies_from_another_thread_see_every_batch_as_loaded() -> None:
+    loader = DataLoader(Pictures(256), batch_size=8, shuffle=True, num_workers=2, pin_memory=True,
+                        prefetch_factor=4, persistent_workers=True)
+    count, wrong = side_stream_copies(loader, epochs=2)
+    assert count == 2 * 32
+    assert wrong == []  # no batch was rewritten while its copy could still read it
+    assert loader._arena.registry is None  # plain pin_memory=True registers no slot
+
+
+def test_plain_pin_memory_gives_torchs_pinned_memory_after_a_to_device_pass() -> None:
+    loader = DataLoader(Pictures(), batch_size=8, num_workers=2, pin_memory=True, persistent_workers=True)
+    for images, index in to_device(loader, "cuda"):  # born pinned under to_device
+        assert images.is_cuda and torch.equal(images.cpu(), expected(index.cpu()))
+    registry = loader._arena.registry
+    assert registry is not None and len(registry) > 0
+    for images, _ in loader:  # a plain epoch: copied out of the registered slots
+        assert images.is_pinned() and not in_registered_slot(loader, images)
+    count, wrong = side_stream_copies(loader, epochs=1)
+    assert count == 12 and wrong == []
+
+
+def test_born_batches_are_born_pinned_and_exact_over_many_epochs() -> None:
+    loader = DataLoader(Pictures(), batch_size=8, shuffle=True, num_workers=2, pin_memory="born",
                         persistent_workers=True)
     for _ in range(6):  # slots are reused many times over
         for images, index in loader:
             assert images.is_pinned() and index.is_pinned()
-            moved = images.to("cuda", non_blocking=True)
+            assert in_registered_slot(loader, images)
+            moved = images.to("cuda", non_blocking=True)  # on the current stream: the rule
             del images  # the slot may be reused once its fence is done, not before
             assert torch.equal(moved.cpu(), expected(index))
     registry = loader._arena.registry

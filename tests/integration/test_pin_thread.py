@@ -1,16 +1,27 @@
 """pin_memory=True with workers: batches are pinned on the pin thread, in order, errors
-surface at their batch, and the thread stops with the iterator. There is no accelerator
-here, so the pin step is a test double standing in for `pin_batch`."""
+surface at their batch, and the thread stops with the iterator; the workers fork before it
+starts (also when "auto" moves an epoch to workers); Ctrl-C while `next()` waits on the pin
+thread loses no batch. There is no accelerator here, so the pin step is a test double
+standing in for `pin_batch`."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import stoker
+from stoker._core import auto
 from stoker._core import iterator as _iterator
+
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 class Range(stoker.Dataset):
@@ -97,10 +108,125 @@ def test_persistent_workers_abandoned_epoch_leaves_nothing_pinned_behind(pin_dou
     first.close()
 
 
-def test_no_accelerator_keeps_torchs_warning_and_starts_no_thread() -> None:
-    pytest.importorskip("torch")
-    loader = stoker.DataLoader(Range(), batch_size=2, num_workers=2, pin_memory=True)
+@pytest.mark.parametrize("pin_memory", [True, "born"])
+def test_no_accelerator_keeps_torchs_warning_and_starts_no_thread(pin_memory) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.accelerator.is_available():
+        pytest.skip("a machine without an accelerator")
+    loader = stoker.DataLoader(Range(), batch_size=2, num_workers=2, pin_memory=pin_memory)
     with pytest.warns(UserWarning, match="no accelerator is found"):
         it = iter(loader)
     assert not pin_threads()
     assert [int(b[0, 0]) for b in it] == list(range(0, 40, 2))
+
+
+# ------------------------------------------------------------------ what starts when
+_threads_at_fork: list[list[str]] | None = None  # set while a test records
+
+
+def _record_fork() -> None:
+    if _threads_at_fork is not None:
+        _threads_at_fork.append([t.name for t in threading.enumerate()])
+
+
+os.register_at_fork(before=_record_fork)  # cannot be unregistered: it records only when asked
+
+
+@pytest.fixture
+def forks():
+    """The names of the threads alive in this process at each fork made while the test runs."""
+    global _threads_at_fork
+    _threads_at_fork = []
+    try:
+        yield _threads_at_fork
+    finally:
+        _threads_at_fork = None
+
+
+def test_workers_fork_before_the_pin_thread_starts(pin_double, forks) -> None:
+    loader = stoker.DataLoader(Range(), batch_size=2, num_workers=2, pin_memory=True, multiprocessing_context="fork")
+    it = iter(loader)
+    assert len(forks) == 2  # the two workers
+    assert not [name for names in forks for name in names if name.startswith("stoker")]
+    assert pin_threads()  # and it runs from then on
+    assert [int(b[0, 0]) for _, b in it] == list(range(0, 40, 2))
+
+
+def test_auto_moves_the_epoch_to_workers_forked_before_the_pin_thread(pin_double, forks, monkeypatch) -> None:
+    monkeypatch.setattr(auto.Head, "done", lambda self: len(self.times) >= 2)
+    monkeypatch.setattr(auto.Head, "decide", lambda self: auto.Choice(2, 2, "num_workers=2 (the test's)"))
+    loader = stoker.DataLoader(Range(), batch_size=2, num_workers="auto", pin_memory=True,
+                               multiprocessing_context="fork")
+    got = list(loader)
+    assert all(isinstance(b, tuple) and b[0] == "pinned" for b in got)  # also the batch at the move
+    assert [int(b[0, 0]) for _, b in got] == list(range(0, 40, 2)) and loader.num_workers == 2
+    assert len(forks) == 2  # the workers "auto" chose, forked after the inline head
+    assert not [name for names in forks for name in names if name.startswith("stoker")]
+
+
+# ----------------------------------------------------------------------------- Ctrl-C
+CTRL_C = """
+import _thread, json, sys, time
+import numpy as np
+import stoker
+from stoker._core import iterator
+
+SLOW = 10  # the first sample of the batch whose pinning Ctrl-C interrupts the wait for
+interrupted = []
+
+class Range(stoker.Dataset):
+    def __len__(self):
+        return 40
+    def __getitem__(self, i):
+        return np.full(2, i)
+
+def slow_pin(batch):
+    if int(batch[0, 0]) == SLOW and not interrupted:
+        interrupted.append(1)
+        time.sleep(0.5)  # the main thread is in next(), waiting for this batch
+        _thread.interrupt_main()
+        time.sleep(0.5)
+    return ("pinned", batch)
+
+iterator.pin_function = lambda device, stacklevel: slow_pin
+iterator.device_setup = lambda: None
+
+def first(batch):
+    tag, array = batch
+    assert tag == "pinned"
+    return int(array[0, 0])
+
+loader = stoker.DataLoader(Range(), batch_size=2, num_workers=1, pin_memory=True)
+it = iter(loader)
+got, interrupts = [], 0
+while True:
+    try:
+        batch = next(it)
+    except StopIteration:
+        break
+    except KeyboardInterrupt:
+        interrupts += 1
+        if sys.argv[1] == "resume":  # the state saved now resumes at the interrupted batch
+            state = loader.state_dict()
+            it.close()
+            again = stoker.DataLoader(Range(), batch_size=2, num_workers=1, pin_memory=True)
+            again.load_state_dict(state)
+            got += [first(b) for b in again]
+            break
+        continue
+    got.append(first(batch))
+print(json.dumps({"got": got, "interrupts": interrupts}))
+"""
+
+
+@pytest.mark.parametrize("then", ["next", "resume"])
+def test_ctrl_c_while_waiting_on_the_pin_thread_keeps_the_batch(then: str) -> None:
+    env = dict(os.environ, PYTHONPATH=str(SRC))
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(CTRL_C), then],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["interrupts"] == 1
+    assert result["got"] == list(range(0, 40, 2))  # every batch once, in order

@@ -232,6 +232,54 @@ def test_ctrl_c_interrupts_a_waiting_take(threads):
     assert pt.take(0, timeout=SETTLE_S) == Pinned("a")
 
 
+def test_wait_leaves_the_batch_pending_for_take(threads):
+    hold = threading.Event()
+    pt = threads(Recorder(hold))
+    pt.submit(0, "a")
+    with pytest.raises(TimeoutError):
+        pt.wait(0, timeout=0.05)
+    hold.set()
+    pt.wait(0, timeout=SETTLE_S)
+    pt.wait(0, timeout=SETTLE_S)  # still there: waiting takes nothing
+    assert pt.pending == 1
+    assert pt.take(0, timeout=0) == Pinned("a")
+    with pytest.raises(KeyError):
+        pt.wait(0)
+
+
+def test_wait_returns_for_a_failed_pin_and_take_raises(threads):
+    def fail(batch: object) -> object:
+        raise MemoryError("planted")
+
+    pt = threads(fail)
+    pt.submit(0, "a")
+    pt.wait(0, timeout=SETTLE_S)
+    with pytest.raises(MemoryError, match="planted"):
+        pt.take(0)
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs SIGALRM timers")
+def test_ctrl_c_during_wait_keeps_the_batch(threads):
+    hold = threading.Event()
+    pt = threads(Recorder(hold))
+    pt.submit(0, "a")
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            pt.wait(0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert pt.pending == 1
+    hold.set()
+    assert pt.take(0, timeout=SETTLE_S) == Pinned("a")
+
+
 def test_discard_queued_ready_and_in_flight(threads):
     hold = threading.Event()
     pin = Recorder(hold)

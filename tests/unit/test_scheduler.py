@@ -270,3 +270,35 @@ def test_resize_moves_the_rest_of_an_epoch_to_more_workers() -> None:
     assert [(w, m.batch) for w, m in sent] == [(1, 1), (2, 2), (0, 3), (1, 4), (2, 5), (0, 6)]
     with pytest.raises(ValueError, match="at least one worker"):
         s.resize(0, 1)
+
+
+@pytest.mark.parametrize("in_order", [True, False])
+@pytest.mark.parametrize("seed", range(3))
+def test_upcoming_is_what_deliver_gives_next_and_delivers_nothing(in_order, seed):
+    rng = random.Random(seed)
+    s = Scheduler(num_workers=3, window=6, in_order=in_order)
+    s.begin_epoch(batches(20))
+    pending: list = []
+    delivered = 0
+    while delivered < 20:
+        pending += [(w, m) for w, m in s.dispatch() if isinstance(m, Task)]
+        rng.shuffle(pending)
+        for _ in range(rng.randint(0, len(pending))):
+            worker, task = pending.pop()
+            s.complete(worker, Done(task.task_id, task.index))
+        upcoming = s.upcoming()
+        assert s.upcoming() is upcoming  # asking twice delivers nothing
+        got = s.deliver()
+        assert (got is None and upcoming is None) or (got is not None and got[1] is upcoming)
+        delivered += got is not None
+    assert s.upcoming() is None
+
+
+def test_upcoming_steps_over_an_exhausted_gap():
+    s = Scheduler(num_workers=2, window=4, iterable_index=None)
+    s.begin_epoch(None)
+    sent = [m for _, m in s.dispatch()]
+    s.complete(0, Exhausted(sent[0].task_id))
+    s.complete(1, Done(sent[1].task_id, "b1"))
+    assert s.upcoming().payload == "b1"
+    assert s.deliver()[1].payload == "b1"

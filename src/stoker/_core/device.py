@@ -65,7 +65,13 @@ def map_tensors(batch: Any, fn: Callable[[Any], Any]) -> Any:
 # --------------------------------------------------------------------------- copiers
 class Copier(Protocol[H]):
     """How one batch reaches the device. The iterator calls, for every batch, `start` once,
-    then `ready` at most once, then `release` exactly once (also for a batch never readied)."""
+    then `ready` at most once, then `release` exactly once (also for a batch never readied).
+
+    `keeps_host_until_copied`: the consumer gets copies of the batch's tensors, never the host
+    tensors themselves, and `release` waits for those copies; so a stoker loader may hand this
+    copier batches whose tensors are born pinned in its arena (see hostpin)."""
+
+    keeps_host_until_copied: bool
 
     def start(self, batch: Any) -> H:
         """Begin copying `batch` to the device; the handle keeps `batch` referenced."""
@@ -107,6 +113,8 @@ class HostCopier:
     """`tensor.to("cpu")` for every tensor: no stream, the copy (if any) done at `start`;
     then `transform`, if given, on the moved batch."""
 
+    keeps_host_until_copied = False  # `.to("cpu")` hands the host tensors themselves over
+
     def __init__(self, transform: Transform | None = None) -> None:
         self.transform = transform
 
@@ -142,6 +150,7 @@ class CudaCopier:
     `transform`, if given, runs on each copied batch on that stream, before the event."""
 
     transform: Transform | None = None
+    keeps_host_until_copied = True
 
     def __init__(self, device: Any, transform: Transform | None = None) -> None:
         """`device`: a `torch.device` of type cuda with an index."""
@@ -317,7 +326,13 @@ class DeviceLoader(Generic[H]):
         self.depth = check_depth(depth)
 
     def __iter__(self) -> DeviceIterator[H]:
-        return DeviceIterator(iter(self.loader), self.copier, self.depth)
+        source = iter(self.loader)
+        if getattr(self.copier, "keeps_host_until_copied", False):
+            from .iterator import LoaderIterator
+
+            if isinstance(source, LoaderIterator):  # a stoker loader: born pinned is safe here
+                source.allow_born_pinned()
+        return DeviceIterator(source, self.copier, self.depth)
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]  # TypeError without one, as len() says
@@ -416,6 +431,10 @@ def to_device(
     Tensors are found inside dicts, lists, tuples, namedtuples and other mappings and
     sequences, whose structure is kept; everything else passes through unchanged. Copies from
     pinned memory (`pin_memory=True`) are asynchronous; others are still correct, only slower.
+    Over a stoker DataLoader with `pin_memory=True` and process workers, a batch whose tensors
+    all lie in the loader's shared-memory arena comes born pinned there (the slots registered
+    with CUDA, no pin copy), which is safe here because each host batch is kept until its copy
+    has completed; the loader's next `iter()` outside `to_device` pins by copying again.
 
     Memory: up to depth+1 batches are on the device at once (the one handed over and the
     `depth` copied ahead), plus any earlier batch the consumer still holds; and depth+1 host

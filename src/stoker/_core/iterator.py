@@ -38,7 +38,6 @@ import os
 import time
 import warnings
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
@@ -82,13 +81,18 @@ class LoaderIterator(Generic[T]):
         self._last_killer: dict[int, int] = {}  # worker id -> task it owed when it last died
         self._prefetch_next = _prefetches_next(plan)
         pin = pin_function(plan.pin_memory_device, stacklevel=4) if plan.pin_memory else None
-        self._pin = pin
+        self._pin_given = pin
+        # what a pin step runs: nothing in a slot registered with CUDA comes out (see hostpin)
+        self._pin = None if pin is None else hostpin.copying_out(pin, plan.arena)
         # torch pins inline with num_workers=0 and on a pin thread with workers; so do we
-        self._pin_inline = pin if plan.num_workers == 0 else None
-        self._pinner = PinThread(pin, init=device_setup()) if pin is not None and plan.num_workers > 0 else None
-        # batches born pinned in a registered arena slot skip the pin thread (see hostpin)
-        self._born_pinned = _pinned_arena(plan.arena) if pin is not None else None
+        self._pin_inline = self._pin if plan.num_workers == 0 else None
+        self._pinner: PinThread | None = None  # started after the workers (_start_pinning)
+        # batches born pinned in a registered arena slot skip the pin thread: with
+        # pin_memory="born", or in an epoch that to_device consumes (see hostpin)
+        self._born = plan.pin_in_place
+        self._registry: hostpin.Registry | None = None
         self._unpinned: set[int] = set()  # tasks handed to the pin thread
+        self._in_place: set[int] = set()  # tasks born pinned, not handed to it
         self._head = Head(plan.auto) if plan.auto is not None else None
         self._engine: Engine = make_engine(plan, self._base_seed)
         # one Recorder for the iterator's life, counting each epoch afresh (see _begin_stats)
@@ -97,9 +101,10 @@ class LoaderIterator(Generic[T]):
             if plan.stats
             else None
         )
-        self._running = _Running(self._engine, self._pinner)  # what the finalizer stops
+        self._running = _Running(self._engine, None)  # what the finalizer stops
         self._close = weakref.finalize(self, _shut_down, self._running, self._progress, self._recorder)
         self._engine.start()
+        self._start_pinning()  # after the workers fork, as torch: no stoker thread is forked
         iterable_index: dict[str, Any] = {}
         if plan.iterable:
             iterable_index["iterable_index"] = plan.batch_size if plan.auto_collation else None
@@ -171,9 +176,11 @@ class LoaderIterator(Generic[T]):
                 self._replica_of.pop(task_id, None)
             if self._pinner is not None:
                 for task_id in dropped:
+                    self._in_place.discard(task_id)
                     if task_id in self._unpinned:
                         self._unpinned.discard(task_id)
                         self._pinner.discard(task_id)
+        self._born = self._plan.pin_in_place  # until to_device asks again (allow_born_pinned)
         if scheduler.current_epoch is None:
             self._begin_epoch()
         self._progress.replicas.clear()  # the replicas' states of the epoch now delivering
@@ -255,6 +262,7 @@ class LoaderIterator(Generic[T]):
         scheduler = self._scheduler
         deadline = time.monotonic() + self._plan.timeout if self._plan.timeout > 0 else None
         while True:
+            self._await_pin()
             got = scheduler.deliver()
             if got is not None:
                 if self._head is not None:
@@ -307,15 +315,15 @@ class LoaderIterator(Generic[T]):
         auto.on_choice(choice, self)
         self._engine.close()
         engine = self._engine = self._running.engine = make_engine(plan, self._base_seed)
-        if self._pin is not None:
-            self._pin_inline = None
-            self._pinner = self._running.pinner = PinThread(self._pin, init=device_setup())
-            self._born_pinned = _pinned_arena(plan.arena)
         self._prefetch_next = _prefetches_next(plan)
         try:
             engine.start()
         except BaseException as exc:  # e.g. a dataset that spawn cannot pickle
             self._fail(exc)
+        if self._pin_given is not None:
+            self._pin = hostpin.copying_out(self._pin_given, plan.arena)
+            self._pin_inline = None
+            self._start_pinning()
         self._scheduler.resize(n, plan.window)
         if self._recorder is not None:
             self._recorder.workers_changed(n, prefetch, [engine.pid(w) for w in range(n)])
@@ -365,9 +373,48 @@ class LoaderIterator(Generic[T]):
                 self._recorder.received(worker_id, reply.work)
             kept = self._scheduler.complete(worker_id, reply)
             if kept and self._pinner is not None and isinstance(reply, Done):
-                if self._born_pinned is None or not self._born_pinned(reply.payload):
+                if self._born_in_place(reply.payload):
+                    self._in_place.add(reply.task_id)
+                else:
                     self._unpinned.add(reply.task_id)
                     self._pinner.submit(reply.task_id, reply.payload)  # pinned while we wait
+
+    # -------------------------------------------------------------- pinning
+    def _start_pinning(self) -> None:
+        """The pin thread (and, born pinned, the arena's registration with CUDA), once the
+        workers have started: as torch, no stoker thread exists when they fork."""
+        if self._pin is None or self._plan.num_workers == 0:
+            return
+        self._pinner = self._running.pinner = PinThread(self._pin, init=device_setup())
+        if self._born:
+            self._registry = _pinned_arena(self._plan.arena)
+
+    def allow_born_pinned(self) -> None:
+        """The consumer of this epoch keeps each batch until its copy to the device has
+        completed (stoker's `to_device`): hand batches out born pinned in the arena when they
+        are, until the next `iter()` (see hostpin). Nothing changes without `pin_memory`."""
+        if self._pin is None or self._born:
+            return
+        self._born = True
+        if self._pinner is not None and self._registry is None:
+            self._registry = _pinned_arena(self._plan.arena)
+
+    def _born_in_place(self, batch: Any) -> bool:
+        registry = self._registry
+        if not self._born or registry is None:
+            return False
+        # to_device passes numpy arrays on as they are: then they must not view a slot either
+        return registry.born_pinned(batch, strict=not self._plan.pin_in_place)
+
+    def _await_pin(self) -> None:
+        """Wait for the pin thread to pin the batch `deliver()` gives next, before it is
+        delivered: Ctrl-C during the wait leaves it pending, for the next `next()` (and out of
+        `state_dict()`'s position)."""
+        if self._pinner is None or not self._unpinned:
+            return
+        upcoming = self._scheduler.upcoming()
+        if isinstance(upcoming, Done) and upcoming.task_id in self._unpinned:
+            self._pinner.wait(upcoming.task_id)
 
     def _fail(self, exc: BaseException) -> None:
         """Shut the workers down and make the iterator refuse further use, then raise."""
@@ -471,9 +518,17 @@ class LoaderIterator(Generic[T]):
         if self._bar is not None:
             self._bar.advance(recorder)
         self._warn_if_longer_than_reported()
-        if self._pinner is not None and reply.task_id in self._unpinned:
-            self._unpinned.discard(reply.task_id)
-            return self._pinner.take(reply.task_id)
+        if self._pinner is not None:
+            if reply.task_id in self._unpinned:
+                self._unpinned.discard(reply.task_id)
+                return self._pinner.take(reply.task_id)  # pinned already (_await_pin)
+            if reply.task_id in self._in_place:
+                self._in_place.discard(reply.task_id)
+                if self._born:
+                    return reply.payload
+            # born pinned in an epoch to_device consumed, or made before the pin thread began
+            assert self._pin is not None
+            return self._pin(reply.payload)
         if self._pin_inline is not None:
             return self._pin_inline(reply.payload)
         return reply.payload
@@ -597,15 +652,16 @@ def _died(death: Death) -> str:
     return str(WorkerDiedError(death.worker_id, death.pid, death.exitcode))
 
 
-def _pinned_arena(arena: Any) -> Callable[[Any], bool] | None:
-    """With pin_memory=True: the test of a batch born pinned in `arena`'s slots registered
-    with CUDA (registering them from now on), or None without an arena or CUDA."""
+def _pinned_arena(arena: Any) -> hostpin.Registry | None:
+    """`arena`'s registry of slots registered with CUDA (registering them from now on), or
+    None without an arena or CUDA."""
     if arena is None:
         return None
     registrar = hostpin.cuda_registrar()
     if registrar is None:
         return None
-    return arena.pin(registrar).born_pinned
+    registry: hostpin.Registry = arena.pin(registrar)
+    return registry
 
 
 def _prefetches_next(plan: LoadPlan) -> bool:

@@ -37,6 +37,7 @@ from .auto import AutoStart, Choice, choose
 from .bar import require_tqdm
 from .errors import UnshardedWarning
 from .forkserver import prepare_forkserver
+from .hostpin import BORN, check_pin_memory
 from .iterator import LoaderIterator
 from .plan import LoadPlan
 from .resume import ELASTIC_KEYS, Progress, capture_epoch, distributed_sampler, make_elastic
@@ -135,6 +136,13 @@ class DataLoader(Generic[T_co]):
     the batches it owed, so that the epoch completes with every sample once, in order. It
     has no effect on thread workers and `num_workers=0` (a thread does not die alone).
 
+    `pin_memory` (bool or 'born', default False): True pins as torch does (batches copied
+    into torch's pinned memory on a pin thread, safe under copies on any stream); 'born'
+    (stoker's own) hands out batches born pinned in the shared-memory arena's slots,
+    registered with CUDA, with no pin copy, under the rule of docs/guide/feeding-a-gpu.md
+    (copy each batch on the iterating thread's current stream, or synchronise before dropping
+    it). Raises ValueError for another string and TypeError for a value that is not a bool.
+
     `num_workers="auto"` / `prefetch_factor="auto"`: chosen once, in the first epoch, and
     kept for the loader's life. A map-style dataset's first epoch starts in this process:
     its first few batches are fetched here, timed and delivered as usual, and then the rest
@@ -155,7 +163,7 @@ class DataLoader(Generic[T_co]):
     dataset: Dataset[T_co]
     batch_size: int | None
     num_workers: int  # "auto" until the first iter() chooses
-    pin_memory: bool
+    pin_memory: bool | Literal["born"]  # "born": see hostpin
     drop_last: bool
     timeout: float
     sampler: Sampler[Any] | Iterable[Any]
@@ -174,7 +182,7 @@ class DataLoader(Generic[T_co]):
         batch_sampler: Sampler[Sequence[Any]] | Iterable[Sequence[Any]] | None = None,
         num_workers: int | Literal["auto"] = 0,
         collate_fn: Callable[[list[Any]], Any] | None = None,
-        pin_memory: bool = False,
+        pin_memory: bool | Literal["born"] = False,
         drop_last: bool = False,
         timeout: float = 0,
         worker_init_fn: Callable[[int], None] | None = None,
@@ -260,6 +268,7 @@ class DataLoader(Generic[T_co]):
                 "share the process's global RNGs, so seeding them per batch would race; draw "
                 "per-sample randomness from stoker.sample_rng() (or stoker.sample_seed()) instead"
             )
+        pin_memory = check_pin_memory(pin_memory)
         if not isinstance(pin_memory_device, str):
             raise TypeError(f"pin_memory_device should be a str, but got pin_memory_device={pin_memory_device!r}")
         check_generator(generator)
@@ -552,7 +561,7 @@ class DataLoader(Generic[T_co]):
             worker_init_fn=self.worker_init_fn,
             context=self.multiprocessing_context,
             in_order=self.in_order,
-            pin_memory=self.pin_memory,
+            pin_memory=bool(self.pin_memory),
             pin_memory_device=self.pin_memory_device,
             threads=bool(self.thread_pool),
             flavour=self._flavour,
@@ -569,6 +578,7 @@ class DataLoader(Generic[T_co]):
             resume=resume,
             auto=head,
             ranks=self._ranks,
+            pin_in_place=isinstance(self.pin_memory, str) and self.pin_memory == BORN,
         )
 
     # -------------------------------------------------------------- iteration

@@ -11,7 +11,8 @@ that part of stoker:
   (custom batch types, as torch allows); strings, bytes and everything else come back as is.
 - `device_setup()`: what makes the pin thread use the consumer's current accelerator device.
 - `PinThread`: one daemon thread that pins the batches submitted to it, in submission order;
-  the consumer takes each one by its key, errors surface at that batch's `take`, and
+  the consumer takes each one by its key (and can wait for it without taking it, so that
+  Ctrl-C during the wait loses nothing), errors surface at that batch's `take`, and
   `close()` stops it within `PIN_JOIN_TIMEOUT_S`.
 """
 
@@ -29,7 +30,7 @@ from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, 
 from typing import Any, NamedTuple
 
 PIN_JOIN_TIMEOUT_S = 1.0  # longest close() waits for the thread; a daemon left pinning does no harm
-PIN_WAIT_SLICE_S = 0.1  # longest single wait in take(): bounds how late Ctrl-C is seen
+PIN_WAIT_SLICE_S = 0.1  # longest single wait in take()/wait(): bounds how late Ctrl-C is seen
 
 PIN_THREAD_NOTE = "This exception was raised in the pin_memory thread, while pinning a batch."
 
@@ -258,9 +259,10 @@ class PinThread:
     """Pins batches on a daemon thread of its own, in the order they are submitted.
 
     `submit(key, batch)` queues a batch under a key unique among those pending; `take(key)`
-    waits for it and returns it pinned, or raises what pinning it raised. `discard(key)`
-    forgets a batch that will not be taken. `close()` (also run when this object is
-    garbage-collected or at interpreter exit) drops everything pending and stops the thread.
+    waits for it and returns it pinned, or raises what pinning it raised; `wait(key)` only
+    waits, leaving it pending. `discard(key)` forgets a batch that will not be taken.
+    `close()` (also run when this object is garbage-collected or at interpreter exit) drops
+    everything pending and stops the thread.
 
     The thread holds only `pin` and `init` and the queue, never this object, so keep `pin`
     free of references to whatever owns this object.
@@ -307,6 +309,17 @@ class PinThread:
             shared.queued[key] = batch
             shared.cond.notify_all()
 
+    def wait(self, key: int, timeout: float | None = None) -> None:
+        """Wait at most `timeout` seconds until the batch under `key` is pinned (or pinning it
+        failed); it stays pending, for `take`. An exception raised while waiting (Ctrl-C's
+        KeyboardInterrupt) leaves the batch pending too.
+
+        Raises `TimeoutError` after `timeout`, `KeyError` for a key not pending, and
+        `RuntimeError` once the thread is closed or gone.
+        """
+        with self._shared.cond:
+            self._wait_ready(key, timeout)
+
     def take(self, key: int, timeout: float | None = None) -> Any:
         """The batch submitted under `key`, pinned; waits for it at most `timeout` seconds.
 
@@ -315,36 +328,37 @@ class PinThread:
         once the thread is closed or gone.
         """
         shared = self._shared
-        deadline = None if timeout is None else time.monotonic() + timeout
         with shared.cond:
-            while True:
-                outcome = shared.ready.pop(key, None)
-                if outcome is not None:
-                    break
-                if shared.closed:
-                    raise RuntimeError("the pin_memory thread is closed; its batches were dropped")
-                if shared.init_error is not None:
-                    raise RuntimeError(
-                        "the pin_memory thread failed to start"
-                    ) from shared.init_error
-                if not shared.has(key):
-                    raise KeyError(f"no batch with key {key} is pending in the pin_memory thread")
-                if not self._thread.is_alive():
-                    raise RuntimeError("the pin_memory thread exited unexpectedly")
-                wait = PIN_WAIT_SLICE_S
-                if deadline is not None:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise TimeoutError(
-                            f"the pin_memory thread did not pin batch {key} within {timeout} s"
-                        )
-                    wait = min(wait, remaining)
-                shared.cond.wait(wait)
+            self._wait_ready(key, timeout)
+            outcome = shared.ready.pop(key)
         if outcome.ok:
             return outcome.value
         error: BaseException = outcome.value
         _mark_pin_thread(error)
         raise error
+
+    def _wait_ready(self, key: int, timeout: float | None) -> None:
+        """Return once `key` is among the ready batches; the caller holds the condition."""
+        shared = self._shared
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while key not in shared.ready:
+            if shared.closed:
+                raise RuntimeError("the pin_memory thread is closed; its batches were dropped")
+            if shared.init_error is not None:
+                raise RuntimeError("the pin_memory thread failed to start") from shared.init_error
+            if not shared.has(key):
+                raise KeyError(f"no batch with key {key} is pending in the pin_memory thread")
+            if not self._thread.is_alive():
+                raise RuntimeError("the pin_memory thread exited unexpectedly")
+            wait = PIN_WAIT_SLICE_S
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(
+                        f"the pin_memory thread did not pin batch {key} within {timeout} s"
+                    )
+                wait = min(wait, remaining)
+            shared.cond.wait(wait)
 
     def discard(self, key: int) -> bool:
         """Forget the batch under `key` (it will not be taken); whether one was pending."""

@@ -56,6 +56,7 @@ class LoadPlan:
     resume: dict[str, Any] | None = None  # a loaded state: where this iterator's first epoch resumes
     auto: AutoStart | None = None  # num_workers="auto": the first epoch starts inline, then chooses
     ranks: tuple[int, int, int | None] = (0, 1, None)  # (rank, world size, local rank) for workers
+    pin_in_place: bool = False  # pin_memory="born": batches born pinned in the arena (see hostpin)
 
     @property
     def iterable(self) -> bool:

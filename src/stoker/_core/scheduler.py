@@ -330,6 +330,22 @@ class Scheduler:
                 epoch.beyond.add(number)
             return index, reply
 
+    def upcoming(self) -> Reply | None:
+        """The reply `deliver()` would return now, left undelivered; None if it has not arrived."""
+        if not self._epochs:
+            return None
+        epoch = self._epochs[0]
+        if self.in_order:
+            task_id = epoch.next_id
+            while isinstance(epoch.ready.get(task_id), Exhausted):
+                task_id += 1
+            return epoch.ready.get(task_id)
+        if epoch.ready:
+            return epoch.ready[min(epoch.ready)]
+        if epoch.deferred and not epoch.unresolved:
+            return epoch.deferred[min(epoch.deferred)]
+        return None
+
     def position(self) -> tuple[int, list[int]]:
         """How far the consumer got in the delivering epoch: every position below the first
         value was delivered, and so were those listed (out of order, above it)."""

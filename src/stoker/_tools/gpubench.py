@@ -13,7 +13,8 @@ Its sizes are fixed, not calibrated: they were chosen to cost about 4 ms per 256
 H100 (an estimate, not a measurement; the report gives the step's measured time).
 
 For each number of workers, each loader (stoker.torch, torch.utils.data), `pin_memory`
-False/True (stoker's True: its arena slots registered with CUDA, batches born pinned), and
+False/True (stoker's True: copied into torch's pinned memory on the pin thread in the loop,
+born pinned in its arena slots registered with CUDA under `to_device`), and
 each way of feeding ("loop": the usual `.to(device, non_blocking=True)` of every tensor in the
 loop; "to_device": the loader, torch's too, wrapped in `to_device(loader, device)`;
 "normalize": `to_device(..., transform=normalize(mean, std))`, uint8 turned into normalised
