@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -108,3 +110,47 @@ def test_torch_views_of_a_kept_field_keep_their_content() -> None:
     for k, view in enumerate(kept):
         want = torch.tensor((np.arange(BATCH * k + 1, BATCH * k + 3) * 7) % 251, dtype=torch.uint8)
         assert torch.equal(view[:, 0], want) and torch.equal(view[:, -1], want)
+
+
+CHILD_SCRIPT = """
+import gc, os, sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+from integration.test_kept_fields import BATCH, Segmentation
+from stoker import DataLoader
+
+loader = DataLoader(Segmentation(BATCH * 40), batch_size=BATCH, num_workers=2, prefetch_factor=2,
+                    multiprocessing_context="fork", persistent_workers=True)
+it = iter(loader)
+masks = []
+for k in range(10):
+    batch = next(it)
+    masks.append(batch["mask"])  # a batch partly kept: its image's pages are due back
+    del batch
+pid = os.fork()
+if pid == 0:  # the child drops its copy of everything and leaves by a normal exit
+    del it, loader, masks
+    gc.collect()
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0
+for k in range(10, 40):
+    batch = next(it)
+    want = np.arange(BATCH * k, BATCH * (k + 1))
+    assert (batch["image"][:, :, ::17, ::17] == (want % 251)[:, None, None, None]).all(), k
+    assert (batch["mask"][:, 0, -1, -1] == (want * 7) % 251).all(), k
+    del batch
+for k, mask in enumerate(masks):
+    assert (mask[:, 0, 0, 0] == (np.arange(BATCH * k, BATCH * (k + 1)) * 7) % 251).all(), k
+print("OK")
+"""
+
+
+def test_a_forked_child_never_gives_back_its_parents_pages() -> None:
+    """A child forked from the training process that drops its copy of the loader and exits
+    normally runs the arena's finalizers in its own copy: they must not give back pages of the
+    parent's slots, which the parent's workers are writing or the parent still holds."""
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "-c", CHILD_SCRIPT.format(tests=tests)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout + proc.stderr

@@ -471,6 +471,9 @@ class SlotPool:
         self.punched: dict[int, int] = {}  # slot id -> bytes given back while it is leased
         self.orders = 0  # slot orders so far: the clock of `partial`
         self.whole: dict[int, np.ndarray] = {}  # slot id -> a uint8 array over it, for copies
+        # pages are given back only by the process that made the pool: a forked child's copy
+        # of it must never punch memory its parent's workers are writing
+        self.pid = os.getpid()
         self.peak_need = 0  # bytes the largest batch so far occupied
         # pinned slots (see hostpin): a released slot is fenced, and handed out once its
         # fence is done, so that no worker writes into it while a copy may still read it
@@ -517,6 +520,7 @@ class SlotPool:
         """The array every view of the slot's batch derives from; when the last of them is
         garbage-collected, the slot goes back to the free list."""
         owner = np.frombuffer(self.maps[slot_id], dtype=np.uint8)
+        self.punched.pop(slot_id, None)
         back = self._returns.get(slot_id)
         if back is None:
             back = self._returns[slot_id] = _Return(slot_id, self.released)
@@ -533,6 +537,8 @@ class SlotPool:
         what stays held is what the user keeps, array by array, as with torch's tensors."""
         views: list[Any] = []
         counts: dict[int, int] = {}
+        for slot_id in {leaf[0] for leaf in leaves}:
+            self.punched.pop(slot_id, None)  # written again
         for slot_id, offset, dtype, shape, nbytes, as_tensor in leaves:
             if nbytes <= COPY_OUT_BYTES:
                 whole = self.whole.get(slot_id)
@@ -576,13 +582,35 @@ class SlotPool:
     def settle(self) -> None:
         """Count the leaves gone so far, and give back the pages of every gone array whose
         batch is partly kept, however recent (at the end of an epoch, and when the arena goes)."""
+        if os.getpid() != self.pid:
+            return
         self._settle_leaves()
         self._punch_stale(after=0)
+
+    def trim(self) -> None:
+        """Give back the pages of every free slot (the workers are gone): between epochs the
+        loader holds no batch memory of its own, as torch's does not. The slots stay mapped;
+        the next workers that write them get zeroed pages."""
+        if os.getpid() != self.pid or self.fence is not None:  # registered: pages stay in place
+            return
+        self.settle()
+        while self.released:
+            slot_id = self.released.popleft()
+            if slot_id in self.maps:
+                self.free.append(slot_id)
+        for slot_id in self.free:
+            size = self.sizes[slot_id]
+            if self.punched.get(slot_id) == size:
+                continue
+            if _libc.madvise(ctypes.addressof(self.maps[slot_id]), size, _MADV_REMOVE) == 0:
+                self.punched[slot_id] = size
 
     def _punch_stale(self, after: int = PUNCH_AFTER_ORDERS) -> None:
         """Give back the pages of arrays that went while others of their batch are kept (for
         `after` orders): the slot stays leased, but holds only what is kept. The pages come
         back zeroed when the slot is written again."""
+        if os.getpid() != self.pid:
+            return
         for slot_id, (since, ranges) in list(self.partial.items()):
             if self.orders - since < after:
                 continue
@@ -792,6 +820,11 @@ class Arena:
         with self._lock:
             self.slots.settle()
 
+    def trim(self) -> None:
+        """Give back the pages of every free slot; called when an engine's workers are gone."""
+        with self._lock:
+            self.slots.trim()
+
     def reserved_bytes(self) -> int:
         """Bytes of all the slots this arena knows of, whether they hold a batch or are
         free: the shared memory the loader keeps reserved."""
@@ -878,6 +911,7 @@ class ArenaLink:
         assigned, self._assigned = self._assigned, {}
         for worker_id, slot_id in assigned.values():
             self.arena.release(worker_id, slot_id)
+        self.arena.trim()
 
 
 class _LeafUnpickler(pickle.Unpickler):
