@@ -8,9 +8,14 @@ and what was left behind once the loader was dropped. Whatever a child prints go
 same stderr, which the test reads.
 
 Scenarios:
-    os_fork       os.fork() four times in one epoch; the children end by falling off the end
+    os_fork       os.fork() five times in one epoch; the children end by falling off the end
                   of this script (a normal interpreter exit: finalizers and atexit hooks run),
-                  by an uncaught exception, by SIGTERM and by SIGKILL.
+                  by an uncaught exception, by SIGTERM and by SIGKILL; the fifth iterates the
+                  loader it inherited (an epoch of its own, on workers and shared memory of
+                  its own) while the parent finishes its epoch, and exits with status 0 if
+                  its epoch had every sample once. The parent keeps every batch until the
+                  end and the children drop their copies at once: a shared-memory slot that
+                  a child reused would show in the parent's batches.
     mp_fork       multiprocessing fork children that collect garbage and return normally,
                   while a failed stoker iterator is garbage not yet collected.
     torch_fork    torch.utils.data.DataLoader fork workers, likewise.
@@ -39,18 +44,25 @@ from leakcheck import Snapshot
 
 SAMPLES = 40
 BATCH = 2
-ENDINGS = ("exit", "raise", "sigterm", "sigkill")
+ENDINGS = ("exit", "raise", "sigterm", "sigkill", "iterate")
+
+
+MAIN_PID = "FORK_CHILD_MAIN_PID"  # set by the first process: its workers' parent
+CHILDS = 1000  # added to the samples made by the workers of a forked child
 
 
 class Indices(stoker.Dataset):
-    """Sample i is i; a little slow, so that the workers are busy when the fork happens."""
+    """Sample i is 256 copies of i (batches large enough for the shared-memory slots), or of
+    CHILDS + i when a forked child's worker makes it; a little slow, so that the workers are
+    busy when the fork happens."""
 
     def __len__(self) -> int:
         return SAMPLES
 
     def __getitem__(self, i: int) -> np.ndarray:
         time.sleep(0.002)
-        return np.int64(i)
+        mine = str(os.getppid()) == os.environ[MAIN_PID]
+        return np.full(256, i if mine else CHILDS + i, np.int64)
 
 
 class FailsAtThree(stoker.Dataset):
@@ -75,7 +87,9 @@ class Collects:
 
 
 def samples(batches: list[Any]) -> list[int]:
-    return sorted(int(x) for batch in batches for x in np.asarray(batch).ravel())
+    """The samples' indices, sorted; each sample must still be 256 copies of its index."""
+    rows = [np.asarray(row) for batch in batches for row in np.asarray(batch)]
+    return sorted(int(row[0]) if (row == row[0]).all() else -1 for row in rows)
 
 
 def loader(method: str) -> stoker.DataLoader:
@@ -84,9 +98,12 @@ def loader(method: str) -> stoker.DataLoader:
     )
 
 
-def ending_child(ending: str) -> None:
+def ending_child(ending: str, the_loader: stoker.DataLoader) -> None:
     """In a forked child: end as `ending` says. Returns only for "exit" (the caller then
     falls off the end of the script)."""
+    if ending == "iterate":
+        own = samples(list(iter(the_loader)))
+        sys.exit(0 if own == [CHILDS + i for i in range(SAMPLES)] else 3)
     if ending == "raise":
         raise RuntimeError("the forked child fails")
     if ending in ("sigterm", "sigkill"):
@@ -110,11 +127,15 @@ def os_fork(method: str) -> dict[str, Any] | None:
         first += [next(it) for _ in range(3)]
         pid = os.fork()
         if pid == 0:
-            ending_child(ending)
+            del first, it  # the parent's batches and iterator are of no use here
+            ending_child(ending, the_loader)
             return None
-        _, status = os.waitpid(pid, 0)
-        children[ending] = how_ended(status)
+        if ending != "iterate":
+            _, status = os.waitpid(pid, 0)
+            children[ending] = how_ended(status)
     first += list(it)
+    _, status = os.waitpid(pid, 0)  # the one that iterates, meanwhile
+    children["iterate"] = how_ended(status)
     second = list(iter(the_loader))
     return {"epochs": [samples(first), samples(second)], "children": children}
 
@@ -162,6 +183,7 @@ def forked_after_failure(method: str, scenario: str) -> dict[str, Any]:
 
 def main() -> None:
     scenario, method = sys.argv[1], sys.argv[2]
+    os.environ[MAIN_PID] = str(os.getpid())
     _prestart(method)
     before = Snapshot()
     if scenario == "os_fork":

@@ -367,6 +367,7 @@ class DataLoader(Generic[T_co]):
         self._iterable_len_called: int | None = None
         self._iterator = None
         self._arena: Arena | None = None
+        self._pid = os.getpid()  # the process whose workers and arena those are
         self._seed_source: RandomSource | None = None
         self._epochs_started = 0  # epochs begun over the loader's life: seeds depend on it
         self._latest: Progress | None = None  # how far the latest iterator got: state_dict reads it
@@ -553,6 +554,10 @@ class DataLoader(Generic[T_co]):
         """An iterator over one epoch's batches (with persistent workers, the next epoch of
         the loader's one iterator)."""
         begun = clock()
+        if self._pid != os.getpid():
+            # a process forked from the loader's: the persistent workers and the arena's
+            # slots are the parent's, in use there; this process starts its own
+            self._pid, self._iterator, self._arena = os.getpid(), None, None
         self._resolve_auto()
         persistent = self.persistent_workers and self._auto is None and self.num_workers > 0
         if persistent and self._iterator is not None and self._iterator.usable() and self._resume is None:
