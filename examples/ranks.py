@@ -2,13 +2,13 @@
 
     torchrun --standalone --nproc-per-node=2 examples/ranks.py
 
-`DistributedSampler(seed=None)` draws one shuffling seed on rank 0 and broadcasts it, so the
-ranks' shards are disjoint without choosing a seed; the loader agrees on its own seed the same
-way (a sample's `stoker.sample_rng()` is the same whichever rank reads it), while each rank's
-workers get their own global seeds. Each rank checks what it read against the others and
-saves a resumable state, as a training loop would with its checkpoint. On GPUs, initialise
-with "nccl" and wrap the loader in `stoker.torch.to_device(loader)`: it copies to the
-device LOCAL_RANK names.
+Every rank passes the same sampler seed (the default, 0, as in torch), so the ranks' shards are
+disjoint and nothing is communicated to agree on it; every rank seeds its global RNG alike, so
+the loaders' base seeds agree too (a sample's `stoker.sample_rng()` is the same whichever rank
+reads it), while each rank's workers get their own global seeds. Each rank checks what it
+read against the others and saves a resumable state, as a training loop would with its
+checkpoint. On GPUs, initialise with "nccl" and wrap the loader in
+`stoker.torch.to_device(loader)`: it copies to the device LOCAL_RANK names.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ import stoker.torch as st
 
 def main() -> None:
     dist.init_process_group("gloo")
+    torch.manual_seed(0)  # the same on every rank, as for the model's initial weights
     rank, world = dist.get_rank(), dist.get_world_size()
     dataset = EncodedImages(n=240)
-    sampler = st.DistributedSampler(dataset, seed=None)  # a collective: every rank builds it
+    sampler = st.DistributedSampler(dataset, seed=0)  # the same seed on every rank
     loader = st.DataLoader(dataset, batch_size=16, sampler=sampler, num_workers=2)
     for epoch in range(2):
         sampler.set_epoch(epoch)

@@ -7,11 +7,17 @@ initialises torch.distributed with the gloo backend on loopback. Modes:
 
 - cover: a DistributedSampler(seed=None) epoch through stoker.torch workers, and an
   IterableDataset sharded with `stoker.shard_for`; writes what each sample saw.
+- uneven: rank r first builds r loaders of its own (with samplers of seed=None) that the
+  other ranks do not build, then the shared one, and reads an epoch of it: no constructor
+  may wait for the other ranks.
 - train: reads batches in lock-step with the other ranks (a barrier per step, as gradient
   all-reduce would), saves `loader.state_dict()` after each step, and SIGKILLs itself after
   step KILL_AT (its workers must go with it).
 - resume: loads the state saved by rank STATE_FROM ("own": its own rank's) of the killed run,
   reads to the end and writes what it read to OUT/<RESUMED_AS><rank>.json.
+
+Every rank seeds torch's global RNG alike first, as a DDP script does for its model: the
+loaders' base seeds come from it, so the per-sample draws agree across ranks.
 """
 
 from __future__ import annotations
@@ -77,7 +83,7 @@ def _write(path: Path, value: Any) -> None:
     os.replace(tmp, path)  # a kill never leaves half a file
 
 
-RANK_TIMEOUT_S = 75
+RANK_TIMEOUT_S = float(os.environ.get("RANK_TEST_TIMEOUT", "75"))
 
 
 def launch(world: int, mode: str, out: Path) -> None:
@@ -116,6 +122,7 @@ def main() -> None:
     mode, out = sys.argv[1], Path(sys.argv[2])
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo")
+    torch.manual_seed(0)
     try:
         if mode == "cover":
             loader = _loader(Recorded())
@@ -128,6 +135,14 @@ def main() -> None:
             streamed = [int(x) for batch in st.DataLoader(Stream(), batch_size=3, num_workers=2) for x in batch]
             _write(out / f"cover{rank}.json", {
                 "samples": samples, "same_order": same_order, "sampler_seed": loader.sampler.seed, "streamed": streamed,
+            })
+        elif mode == "uneven":
+            own = [_loader(Recorded()) for _ in range(rank)]  # e.g. evaluation loaders of its own
+            loader = _loader(Recorded())
+            samples = [row["i"] for batch in loader for row in _rows(batch)]
+            _write(out / f"uneven{rank}.json", {
+                "samples": samples, "sampler_seed": loader.sampler.seed,
+                "own_seeds": [o.sampler.seed for o in own],
             })
         elif mode == "train":
             kill_at = int(os.environ["KILL_AT"])

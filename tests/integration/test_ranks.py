@@ -97,7 +97,7 @@ def test_three_ranks_share_out_the_dataset_and_agree_on_seeds(tmp_path: Path) ->
     assert codes == [0] * world
     ranks = _read(tmp_path, "cover", world)
 
-    # DistributedSampler(seed=None): one seed, broadcast from rank 0, and disjoint shards
+    # DistributedSampler(seed=None): the default seed on every rank, and disjoint shards
     assert len({r["sampler_seed"] for r in ranks}) == 1
     shards = [[s["i"] for s in r["samples"]] for r in ranks]
     assert sorted(i for shard in shards for i in shard) == list(range(N))
@@ -106,8 +106,9 @@ def test_three_ranks_share_out_the_dataset_and_agree_on_seeds(tmp_path: Path) ->
         assert {(s["rank"], s["world_size"], s["local_rank"]) for s in r["samples"]} == {(rank, world, rank)}
         assert {s["worker"] for s in r["samples"]} == {0, 1}
 
-    # every rank read every index: the per-sample draws agree (one loader seed for all
-    # ranks), the workers' global RNGs differ (the rank is mixed into their seeds)
+    # every rank read every index: the per-sample draws agree (the ranks seeded their global
+    # RNGs alike, and the base seeds come from them), the workers' global RNGs differ (the
+    # rank is mixed into their seeds)
     orders = [[s["i"] for s in r["same_order"]] for r in ranks]
     assert orders == [list(range(N))] * world
     draws = [[s["draw"] for s in r["same_order"]] for r in ranks]
@@ -122,13 +123,27 @@ def test_three_ranks_share_out_the_dataset_and_agree_on_seeds(tmp_path: Path) ->
     _no_rank_processes_left(tmp_path)
 
 
+def test_ranks_that_build_different_loaders_neither_wait_nor_overlap(tmp_path: Path) -> None:
+    """Rank 1 builds a loader of its own before the shared one; no constructor communicates,
+    so neither rank waits for the other (this hung when seed=None was broadcast), and the
+    shared loader's shards are disjoint and cover the dataset."""
+    world = 2
+    codes = _run_world(world, "uneven", tmp_path, RANK_TEST_OUT=str(tmp_path), RANK_TEST_TIMEOUT="30")
+    assert codes == [0] * world, "a rank was killed after waiting 30 s"
+    ranks = _read(tmp_path, "uneven", world)
+    assert [r["sampler_seed"] for r in ranks] == [0, 0] and ranks[1]["own_seeds"] == [0]
+    shards = [r["samples"] for r in ranks]
+    assert sorted(shards[0] + shards[1]) == list(range(N)) and len(shards[0]) == N // world
+    _no_rank_processes_left(tmp_path)
+
+
 def test_two_ranks_killed_then_resumed_by_two_and_by_three(tmp_path: Path) -> None:
     kill_at = 3  # of 6 batches per rank with 2 ranks
     codes = _run_world(2, "train", tmp_path, KILL_AT=str(kill_at), RANK_TEST_OUT=str(tmp_path))
     assert codes == [-9, -9]
     _no_rank_processes_left(tmp_path)  # the workers went with their rank
     saved = _read(tmp_path, "state", 2)
-    assert saved[0]["sampler_seed"] == saved[1]["sampler_seed"]  # seed=None, agreed
+    assert saved[0]["sampler_seed"] == saved[1]["sampler_seed"] == 0  # seed=None: the default
     consumed = [i for s in saved for i in s["seen"]]
     assert len(consumed) == len(set(consumed)) == 2 * kill_at * 4  # disjoint shards
 

@@ -132,6 +132,75 @@ def test_forkserver_workers_find_the_main_scripts_imports_already_imported(tmp_p
     assert len(pids) == 2 and report["main"] in pids
 
 
+FAILS_ONCE = """
+import os
+import sys
+
+# counts its imports: the main process's comes first, then the forkserver's, then the workers'
+count = os.path.join(os.path.dirname(os.path.abspath(__file__)), __name__ + ".count")
+with open(count, "a") as out:
+    out.write("+")
+if os.path.getsize(count) == 2:  # the forkserver's import: a failure only there
+    {action}
+"""
+
+NAMED = """
+import numpy as np
+import settings
+import stoker
+
+class Named(stoker.Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return np.array([i, settings.ARGS.name == "lucky"])
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="forkserver is a POSIX start method")
+def test_a_preload_module_that_raises_is_skipped_with_one_warning_and_workers_start(tmp_path: Path) -> None:
+    """The forkserver preloads the main script's imports; one that raises there (and not in
+    the main process or a worker) is skipped with a warning naming it, and the workers start;
+    one that parses sys.argv at import reads the main process's arguments there."""
+    (tmp_path / "raises_once.py").write_text(FAILS_ONCE.format(action='raise RuntimeError("not now")'))
+    (tmp_path / "exits_once.py").write_text(FAILS_ONCE.format(action='sys.exit("not here")'))
+    (tmp_path / "settings.py").write_text(
+        "import argparse\n"
+        "parser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--name', required=True)\n"
+        "ARGS = parser.parse_args()\n"
+    )
+    (tmp_path / "named.py").write_text(NAMED)
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(
+        """
+        import json
+        import exits_once
+        import raises_once
+        import stoker
+        from named import Named
+        from settings import ARGS
+
+        if __name__ == "__main__":
+            loader = stoker.DataLoader(Named(), batch_size=4, num_workers=2, multiprocessing_context="forkserver")
+            print(json.dumps({"batches": [b.tolist() for b in loader]}))
+        """
+    ))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "src")]))
+    done = subprocess.run(
+        [sys.executable, str(script), "--name", "lucky"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    batches = json.loads(done.stdout.strip().splitlines()[-1])["batches"]
+    assert batches == [[[i, 1] for i in range(k, k + 4)] for k in (0, 4)]  # each worker saw --name lucky
+    for module, error in (("raises_once", "RuntimeError: not now"), ("exits_once", "SystemExit: not here")):
+        assert done.stderr.count(f"could not preload module {module!r}") == 1, done.stderr
+        assert error in done.stderr
+        assert len((tmp_path / f"{module}.count").read_text()) == 4  # main, server, each worker
+    assert "settings" not in done.stderr and "usage:" not in done.stderr, done.stderr
+
+
 def test_main_imports_names_what_the_main_script_took(monkeypatch) -> None:
     import json
     import types
@@ -153,7 +222,7 @@ def test_prepare_forkserver_adds_the_dataset_and_collate_modules_once(monkeypatc
     from multiprocessing import forkserver
 
     import stoker
-    from stoker._core.forkserver import WORKER_MODULES, prepare_forkserver
+    from stoker._core.forkserver import ARGV_PREFIX, GUARD, WORKER_MODULES, prepare_forkserver
 
     monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # nothing of pytest's
     fresh = forkserver.ForkServer()
@@ -163,9 +232,14 @@ def test_prepare_forkserver_adds_the_dataset_and_collate_modules_once(monkeypatc
 
     data = stoker.ArrayDataset([1, 2, 3])
     prepare_forkserver(data, stoker.default_collate)
-    assert fresh._preload_modules == ["__main__", *WORKER_MODULES, "stoker._data.datasets", "stoker._data.collate"]
+    # the user's entries, then the guard that imports the rest under this process's argv
+    expected = [
+        "__main__", GUARD, ARGV_PREFIX + json.dumps(sys.argv),
+        *WORKER_MODULES, "stoker._data.datasets", "stoker._data.collate",
+    ]
+    assert fresh._preload_modules == expected
     prepare_forkserver(data, stoker.default_collate)  # idempotent
-    assert fresh._preload_modules == ["__main__", *WORKER_MODULES, "stoker._data.datasets", "stoker._data.collate"]
+    assert fresh._preload_modules == expected
     prepare_forkserver(data, stoker.torch.default_collate)  # the torch flavour's collate brings torch
     assert fresh._preload_modules[-1] == stoker.torch.default_collate.__module__
     assert fresh._forkserver_pid is None  # start=False starts nothing

@@ -249,13 +249,13 @@ def test_torch_batches_cross_out_of_band_and_come_back_as_tensors():
     assert_same(got, batch)
     got["image"][0, 0] = -1  # writable, and its own memory
     assert int(batch["image"][0, 0]) == 0
-def test_seed_none_is_agreed():
-    one = sray.DataLoader(Indexed(8), batch_size=2)  # a single rank draws a fresh seed
-    other = sray.DataLoader(Indexed(8), batch_size=2)
-    assert isinstance(one.seed, int) and one.seed != other.seed
-    with pytest.raises(ValueError, match=r"torch\.distributed"):
-        sray.DataLoader(Indexed(8), batch_size=2, world_size=2)  # ranks that cannot agree
-    # a state brings the saved run's seed into a loader made with seed=None
+def test_seed_none_is_the_default_seed_and_communicates_nothing():
+    one = sray.DataLoader(Indexed(8), batch_size=2)
+    assert one.seed == 0 == sray.DataLoader(Indexed(8), batch_size=2, seed=None).seed
+    # two ranks, no torch.distributed: each knows the seed without asking the other
+    ranks = [sray.DataLoader(Indexed(8), batch_size=2, world_size=2, rank=r) for r in range(2)]
+    assert ranks[0].seed == ranks[1].seed == 0
+    # the default is a seed like any other: a state saved with another one is refused
     saved = sray.DataLoader(Indexed(8), batch_size=2, seed=123)
-    other.load_state_dict(saved.state_dict())
-    assert other.seed == 123
+    with pytest.raises(ValueError, match="seed: saved 123, this loader 0"):
+        one.load_state_dict(saved.state_dict())

@@ -1,5 +1,5 @@
-"""Ranks without a process group: torchrun's variables, the agreed seed's refusals, `shard_for`,
-the rank in worker seeds and worker info, a drawn sampler seed carried by a state, and the
+"""Ranks without a process group: torchrun's variables, the sampler's default seed, `shard_for`,
+the rank in worker seeds and worker info, a chosen sampler seed checked against a state, and the
 device LOCAL_RANK picks. The real multi-process runs are in tests/integration/test_ranks.py."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from stoker._core.device import default_device
 from stoker._core.pin import local_device_index
 from stoker._core.seeding import _global_seeds
 from stoker._core.worker import WorkerConfig
-from stoker._data.distributed import agreed_seed, ranks
+from stoker._data.distributed import ranks
 
 
 @pytest.fixture
@@ -38,24 +38,15 @@ def test_ranks_come_from_torchrun_variables(torchrun: Any) -> None:
     assert ranks() == (2, 4, 0)
 
 
-def test_agreed_seed_alone_is_drawn_and_with_other_ranks_needs_a_process_group(torchrun: Any) -> None:
-    np.random.seed(3)
-    first = agreed_seed()
-    np.random.seed(3)
-    assert agreed_seed() == first  # drawn from the global RNG: reproducible when it is seeded
-    torchrun(0, 2)
-    with pytest.raises(ValueError, match=r"init_process_group.*same seed"):
-        agreed_seed()
-    with pytest.raises(ValueError, match="2 ranks"):
-        stoker.DistributedSampler(range(10), seed=None)
+def test_sampler_seed_none_is_the_default_seed_with_no_process_group(torchrun: Any) -> None:
+    torchrun(1, 2)  # two ranks and no process group: nothing to agree through, nothing needed
+    default = stoker.DistributedSampler(range(10))
+    unset = stoker.DistributedSampler(range(10), seed=None)
+    assert default.seed == unset.seed == 0
+    assert list(unset) == list(default) == list(stoker.DistributedSampler(range(10), seed=0))
+    assert list(stoker.DistributedSampler(range(10), seed=None, rank=0)) != list(unset)  # disjoint halves
     with pytest.raises(TypeError, match="seed should be an int or None, but got seed='1'"):
         stoker.DistributedSampler(range(10), num_replicas=1, rank=0, seed="1")  # type: ignore[arg-type]
-
-
-def test_sampler_seed_none_on_one_rank_is_drawn_and_default_stays_zero(torchrun: Any) -> None:
-    assert stoker.DistributedSampler(range(10)).seed == 0
-    drawn = stoker.DistributedSampler(range(10), seed=None)
-    assert drawn.seed_agreed and isinstance(drawn.seed, int)
 
 
 def test_shard_for_covers_ranks_times_workers_once(torchrun: Any) -> None:
@@ -111,26 +102,6 @@ def test_seed_each_batch_seeds_differ_by_rank_and_rank_zero_keeps_its_own() -> N
     zero, one = _global_seeds(5, 1, 3), _global_seeds(5, 1, 3, rank=1)
     assert zero[0] == _global_seeds(5, 1, 3, rank=0)[0]
     assert zero[0] != one[0] and zero[2] != one[2]
-
-
-def test_a_drawn_sampler_seed_comes_back_with_the_state(torchrun: Any) -> None:
-    def make() -> stoker.DataLoader:
-        sampler = stoker.DistributedSampler(range(20), num_replicas=1, rank=0, seed=None)
-        return stoker.DataLoader(range(20), batch_size=4, sampler=sampler, generator=1)
-
-    np.random.seed(1)
-    first = make()
-    it = iter(first)
-    head = [next(it).tolist() for _ in range(2)]
-    state = first.state_dict()
-    rest = [b.tolist() for b in it]
-    np.random.seed(2)
-    resumed = make()
-    assert resumed.sampler.seed != first.sampler.seed  # its own draw, until the state is loaded
-    resumed.load_state_dict(state)
-    assert [b.tolist() for b in resumed] == rest
-    assert resumed.sampler.seed == first.sampler.seed
-    assert sorted(x for b in head + rest for x in b) == list(range(20))
 
 
 def test_a_chosen_sampler_seed_must_match_the_states(torchrun: Any) -> None:

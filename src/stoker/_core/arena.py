@@ -63,6 +63,7 @@ from typing import Any
 import numpy as np
 
 from .._data.torch_collate import TensorLeaf
+from .forksafe import only_here
 from .hostpin import Fence, Registrar, Registry, address_of
 from .protocol import OUT_OF_BAND, PLAIN, SLOT, Done, Reply, Request, SlotHeader, SlotOrder, Task
 from .transport import recv_out_of_band
@@ -710,7 +711,7 @@ class Arena:
         assert registry is not None
         address = address_of(buffer)
         if registry.add(address, len(buffer)):
-            buffer._unmap.before = registry.remove
+            buffer._unmap.before = only_here(registry.remove)  # CUDA: not in a forked child
 
     def order(self, worker_id: int, mapped: set[int], drop: tuple[int, ...] = ()) -> SlotOrder:
         """Where the next task of worker `worker_id` collates; `mapped`: slots its process

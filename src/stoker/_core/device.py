@@ -29,7 +29,6 @@ rules here are tested without an accelerator.
 from __future__ import annotations
 
 import copy
-import weakref
 from collections import deque
 from collections.abc import (
     Callable,
@@ -40,6 +39,7 @@ from collections.abc import (
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from . import forksafe
 from .pin import WALK, map_batch
 
 H = TypeVar("H")
@@ -294,7 +294,7 @@ class DeviceIterator(Generic[H]):
 
     def __init__(self, source: Iterator[Any], copier: Copier[H], depth: int) -> None:
         self._pipeline = _Pipeline(source, copier, depth)
-        self._close = weakref.finalize(self, self._pipeline.close)
+        self._close = forksafe.finalize(self, self._pipeline.close)
 
     def __iter__(self) -> DeviceIterator[H]:
         return self

@@ -22,7 +22,9 @@ on) → join for up to `JOIN_TIMEOUT_S` while reading and discarding whatever re
 arrive (so no worker stays blocked on a full socket) → SIGTERM the rest → join for up to
 `TERMINATE_TIMEOUT_S` → SIGKILL → reap, then close every socket. It is reached from the
 iterator's `weakref.finalize`, so it runs when the iterator is exhausted, dropped,
-garbage-collected, or at interpreter exit.
+garbage-collected, or at interpreter exit — only in the process that started the workers:
+a process forked from it neither runs the finalizer nor counts the workers among its own
+children (`forksafe.adopt`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from . import threads
 from .arena import Arena, ArenaLink, arena_limit
 from .errors import ExceptionInfo
 from .fetch import EndOfStream
+from .forksafe import adopt
 from .forkserver import prepare_forkserver
 from .parent import ParentWatch
 from .plan import LoadPlan
@@ -375,6 +378,7 @@ class ProcessEngine:
         finally:
             task_reader.close()
             result_writer.close()
+        adopt(process)
         self._processes[worker_id] = process
         self._tasks[worker_id] = task_writer
         self._results[worker_id] = result_reader

@@ -3,15 +3,23 @@
 A loader with forkserver workers has the server import, once, what every worker would import
 on its own: stoker's worker modules, the dataset's and the collate function's modules, and
 what the main script imported at its top (a forkserver worker runs the main script again).
+
+The server imports them through `preload` (its guard): under the main process's `sys.argv`,
+and skipping with a warning any module that raises, so that none can take the server down.
+The list multiprocessing keeps is the user's own entries, then `GUARD`, the argv entry and
+stoker's modules.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 from types import ModuleType
 from typing import Any
 
 WORKER_MODULES = ("stoker._core.worker", "stoker._core.arena")
+GUARD = "stoker._core.preload"
+ARGV_PREFIX = "stoker-argv:"  # the list entry after GUARD: the main process's sys.argv
 
 
 def prepare_forkserver(dataset: Any, collate_fn: Any = None, start: bool = False) -> None:
@@ -21,18 +29,26 @@ def prepare_forkserver(dataset: Any, collate_fn: Any = None, start: bool = False
     those imports overlap with the caller's own set-up.
 
     The preload only applies to a server not yet running; modules already listed (by the
-    user, or multiprocessing's default `__main__`) are kept. A module that fails to import is
-    skipped by the server, as multiprocessing does for every preload."""
+    user, or multiprocessing's default `__main__`) are kept before stoker's and imported by
+    the server as multiprocessing does. Stoker's are imported by the guard module (see
+    `preload`): under this process's `sys.argv`, and one that raises is skipped with a
+    warning naming it, so that the server stays up and the workers start."""
     from multiprocessing import forkserver
 
     server = getattr(forkserver, "_forkserver", None)
     current = list(getattr(server, "_preload_modules", None) or ["__main__"])
-    wanted = [*WORKER_MODULES]
+    user, ours = current, []
+    if GUARD in current:  # an earlier call's list: after the guard, stoker's own
+        at = current.index(GUARD)
+        user = current[:at]
+        ours = [m for m in current[at + 1 :] if not m.startswith(ARGV_PREFIX)]
+    wanted = [*ours, *WORKER_MODULES]
     for module in (getattr(type(dataset), "__module__", None), getattr(collate_fn, "__module__", None)):
         if isinstance(module, str) and module not in ("__main__", "builtins"):
             wanted.append(module)
     wanted.extend(main_imports())
-    modules = list(dict.fromkeys([*current, *wanted]))
+    argv = ARGV_PREFIX + json.dumps([str(a) for a in getattr(sys, "argv", None) or []])
+    modules = [*user, GUARD, argv, *(m for m in dict.fromkeys(wanted) if m not in user)]
     if modules != current:
         forkserver.set_forkserver_preload(modules)
     if start:

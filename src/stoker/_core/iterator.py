@@ -20,7 +20,8 @@ prefetch), unless the sampler has `set_epoch`.
 
 The iterator holds no reference to the loader, and its engine is closed by a
 `weakref.finalize`, so workers stop when the iterator is exhausted (non-persistent),
-dropped, garbage-collected, closed, or at interpreter exit.
+dropped, garbage-collected, closed, or at interpreter exit; in a process forked from this
+one the finalizer does nothing (see forksafe).
 
 `stats()` gives the epoch's `LoaderStats` (see stats): the time spent inside `iter()` and
 `next()` is the consumer's wait, and each batch brings its worker's timing with it.
@@ -37,11 +38,10 @@ import math
 import os
 import time
 import warnings
-import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
-from . import hostpin
+from . import forksafe, hostpin
 from .auto import Head
 from .bar import EpochBar
 from .engines import Death, Engine, make_engine
@@ -102,7 +102,7 @@ class LoaderIterator(Generic[T]):
             else None
         )
         self._running = _Running(self._engine, None)  # what the finalizer stops
-        self._close = weakref.finalize(self, _shut_down, self._running, self._progress, self._recorder)
+        self._close = forksafe.finalize(self, _shut_down, self._running, self._progress, self._recorder)
         self._engine.start()
         self._start_pinning()  # after the workers fork, as torch: no stoker thread is forked
         iterable_index: dict[str, Any] = {}

@@ -17,11 +17,9 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
-import numpy as np
-
 from .._data import collate as _collate
 from .._data.datasets import Dataset, is_iterable_dataset
-from .._data.distributed import agreed_seed, ranks, shards_by_rank, torch_distributed_world
+from .._data.distributed import ranks, shards_by_rank, torch_distributed_world
 from .._data.rng import GeneratorLike, RandomSource, check_generator
 from .._data.samplers import (
     LAST_BATCH_CHOICES,
@@ -376,19 +374,15 @@ class DataLoader(Generic[T_co]):
         self.sampler = sampler
         self.batch_sampler = batch_sampler
         self.generator = generator
-        # the training rank: its workers' seeds mix it in. With torch.distributed initialised,
-        # a loader that shards with a DistributedSampler and has no generator agrees with the
-        # other ranks on one (a collective, like the sampler's seed=None), so that a sample's
-        # sample_rng() is the same whichever rank reads it
+        # the training rank: its workers' seeds mix it in. Nothing is agreed with other ranks
+        # here (a constructor never communicates): without a generator the base seeds come
+        # from each rank's global RNG, as torch's do
         sharded = distributed_sampler(native_index_sampler(batch_sampler if batch_sampler is not None else sampler))
         rank, world_size, local_rank = ranks()
         group_size = torch_distributed_world()
         if sharded is not None and not group_size:  # its ranks are all we know
             rank, world_size = sharded.rank, sharded.num_replicas
         self._ranks = (rank, world_size, local_rank)
-        self._agreed: GeneratorLike = None
-        if generator is None and sharded is not None and group_size > 1:
-            self._agreed = _generator_from(agreed_seed(flavour=self._flavour), self._flavour)
 
         if collate_fn is None:
             collate_fn = self._default_collate() if self._auto_collation else self._default_convert()
@@ -397,6 +391,7 @@ class DataLoader(Generic[T_co]):
         self._iterable_len_called: int | None = None
         self._iterator = None
         self._arena: Arena | None = None
+        self._pid = os.getpid()  # the process whose workers and arena those are
         self._seed_source: RandomSource | None = None
         self._epochs_started = 0  # epochs begun over the loader's life: seeds depend on it
         self._latest: Progress | None = None  # how far the latest iterator got: state_dict reads it
@@ -541,9 +536,8 @@ class DataLoader(Generic[T_co]):
         head = self._head_start() if self._choice_in_epoch() else None
         workers = 0 if head is not None else self.num_workers
         processes = workers > 0 and not self.thread_pool
-        generator = self.generator if self.generator is not None else self._agreed
-        if self._seed_source is None or self._seed_source.generator is not generator:
-            self._seed_source = RandomSource(generator, self._flavour)
+        if self._seed_source is None or self._seed_source.generator is not self.generator:
+            self._seed_source = RandomSource(self.generator, self._flavour)
         prefetch = self.prefetch_factor if workers > 0 and self.prefetch_factor is not None else 1
         return LoadPlan(
             dataset=self.dataset,
@@ -586,6 +580,10 @@ class DataLoader(Generic[T_co]):
         """An iterator over one epoch's batches (with persistent workers, the next epoch of
         the loader's one iterator)."""
         begun = clock()
+        if self._pid != os.getpid():
+            # a process forked from the loader's: the persistent workers and the arena's
+            # slots are the parent's, in use there; this process starts its own
+            self._pid, self._iterator, self._arena = os.getpid(), None, None
         self._resolve_auto()
         persistent = self.persistent_workers and self._auto is None and self.num_workers > 0
         if persistent and self._iterator is not None and self._iterator.usable() and self._resume is None:
@@ -720,12 +718,3 @@ class DataLoader(Generic[T_co]):
         """Warn (as torch does) when num_workers exceeds the CPUs this process may use."""
         if self._auto is None:
             warn_if_too_many_workers(self.num_workers, stacklevel=3)
-
-
-def _generator_from(seed: int, flavour: str) -> GeneratorLike:
-    """A generator of the loader's flavour seeded with `seed`."""
-    if flavour == "torch":
-        import torch
-
-        return torch.Generator().manual_seed(seed)
-    return np.random.default_rng(seed)

@@ -24,10 +24,11 @@ import sys
 import threading
 import time
 import warnings
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, MutableMapping, MutableSequence, Sequence
 from typing import Any, NamedTuple
+
+from . import forksafe
 
 PIN_JOIN_TIMEOUT_S = 1.0  # longest close() waits for the thread; a daemon left pinning does no harm
 PIN_WAIT_SLICE_S = 0.1  # longest single wait in take()/wait(): bounds how late Ctrl-C is seen
@@ -277,7 +278,7 @@ class PinThread:
         """Start the thread; `init`, if given, runs on it once before the first batch."""
         self._shared = _Shared(pin, init)
         self._thread = threading.Thread(target=_serve, args=(self._shared,), name=name, daemon=True)
-        self._close = weakref.finalize(self, _shut_down, self._shared, self._thread)
+        self._close = forksafe.finalize(self, _shut_down, self._shared, self._thread)
         self._thread.start()
 
     @property

@@ -26,36 +26,7 @@ def torch_distributed_world() -> int:
     return found[0] if found is not None else 0
 
 
-def _draw_seed(flavour: str) -> int:
-    """A fresh seed from the flavour's global RNG (so `torch.manual_seed` / `np.random.seed`
-    on rank 0 makes it reproducible)."""
-    if flavour == "torch":
-        import torch
-
-        return int(torch.empty((), dtype=torch.int64).random_().item())
-    return int(np.random.randint(0, 2**63 - 1, dtype=np.int64))
-
-
-def agreed_seed(world_size: int | None = None, flavour: str = "numpy") -> int:
-    """One seed that every rank gets: drawn on rank 0 and broadcast when torch.distributed is
-    initialised (a collective: every rank must call it, in the same order), drawn here when
-    this is the only rank. A ValueError when `world_size` (default: WORLD_SIZE) says there are
-    other ranks but torch.distributed is not initialised: they could not agree."""
-    found = _from_torch_distributed()
-    if found is not None and found[0] > 1:
-        dist = sys.modules["torch.distributed"]
-        box = [_draw_seed(flavour) if found[1] == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        return int(box[0])  # type: ignore[arg-type]
-    world = found[0] if found is not None else (world_size if world_size is not None else _from_env("WORLD_SIZE", 1))
-    if world > 1:
-        raise ValueError(
-            f"seed=None needs torch.distributed initialised when there are {world} ranks "
-            "(WORLD_SIZE or num_replicas): without it the ranks cannot agree on a seed and their "
-            "shards would overlap; call torch.distributed.init_process_group first, or pass the "
-            "same seed=<int> on every rank"
-        )
-    return _draw_seed(flavour)
+DEFAULT_SEED = 0  # torch's DistributedSampler default: every rank shuffles alike, unasked
 
 
 def ranks() -> tuple[int, int, int | None]:
@@ -103,14 +74,28 @@ def shards_by_rank(index_sampler: Any) -> bool:
 class DistributedSampler(Sampler[int]):
     """Indices of one replica's shard; shuffled per epoch from `seed + epoch` when `shuffle`.
 
-    `num_replicas` and `rank` default to torch.distributed's world size and rank when it is
-    initialised, else to the `WORLD_SIZE` and `RANK` environment variables, else 1 and 0.
-    `seed=None` (opt-in; the default stays 0, as in torch) draws one seed that all ranks share:
-    rank 0 draws it from the global RNG and broadcasts it, so shards are disjoint without
-    choosing a seed (this needs torch.distributed initialised when there are several ranks,
-    and makes the constructor a collective: build the sampler on every rank).
-    Without `drop_last`, indices are repeated so every replica gets the same number; with it,
-    the tail that does not divide evenly is dropped. Call `set_epoch` before each epoch.
+    Every rank must pass the same `seed` (and `shuffle`, `drop_last`): the ranks' shards are
+    disjoint because they shuffle alike, and nothing is communicated to make them so. Without
+    `drop_last`, indices are repeated so every replica gets the same number; with it, the tail
+    that does not divide evenly is dropped. Call `set_epoch` before each epoch.
+
+    Args:
+        dataset: the map-style dataset; only its length is read.
+        num_replicas: the number of ranks (int > 0). Default None: torch.distributed's world
+            size when it is initialised, else the `WORLD_SIZE` environment variable, else 1.
+        rank: this rank (0 <= rank < num_replicas). Default None: torch.distributed's rank,
+            else `RANK`, else 0.
+        shuffle: shuffle the indices each epoch from `seed + epoch` (default True).
+        seed: the shuffling seed, an int (default 0, as torch's). None means the same default
+            seed, 0: a seed that differs between ranks, drawn or agreed, would need the ranks
+            to communicate inside this constructor, which stoker never does.
+        drop_last: drop the tail that does not divide evenly by `num_replicas` (default
+            False: repeat indices to pad it).
+
+    Raises:
+        ValueError: `num_replicas` is not a positive int, or `rank` is outside
+            [0, num_replicas - 1] (torch's wording).
+        TypeError: `seed` is neither an int nor None.
     """
 
     _flavour = "numpy"
@@ -148,9 +133,7 @@ class DistributedSampler(Sampler[int]):
         self.shuffle = shuffle
         if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool)):
             raise TypeError(f"seed should be an int or None, but got seed={seed!r}")
-        # a drawn seed is not part of the configuration: a state saved with it brings it back
-        self.seed_agreed = seed is None
-        self.seed = agreed_seed(num_replicas, type(self)._flavour) if seed is None else int(seed)
+        self.seed = DEFAULT_SEED if seed is None else int(seed)
 
     def _order(self) -> list[int]:
         n = len(self.dataset)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._data.collate import default_collate
-from .._data.distributed import DistributedSampler
+from .._data.distributed import DEFAULT_SEED, DistributedSampler
 from .._data.samplers import BatchSampler
 from .blocks import _BatchRows
 from .errors import _describe_type, _explained
@@ -36,15 +36,14 @@ def config_differences(
 
 
 
-def _resolve_seed(seed: int | None, world_size: int) -> tuple[int, bool]:
-    """(the seed, whether it was agreed rather than given)."""
-    if seed is not None:
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise ValueError(f"seed should be an integer or None, but got seed={seed!r}")
-        return seed, False
-    from .._data.distributed import agreed_seed
-
-    return int(agreed_seed(world_size)), True
+def _resolve_seed(seed: int | None) -> int:
+    """The shuffling seed: `seed`, or for None the DistributedSampler's default (the same on
+    every rank, with nothing communicated)."""
+    if seed is None:
+        return DEFAULT_SEED
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(f"seed should be an integer or None, but got seed={seed!r}")
+    return seed
 
 
 def _check_int(value: Any, name: str, low: int) -> int:
@@ -63,9 +62,8 @@ class DataLoader:
     Batches are collated by `collate_fn` (default `stoker.default_collate`: numpy; use
     `stoker.torch.default_collate` for torch tensors) inside the read tasks.
 
-    `seed=None` asks `stoker._data.distributed.agreed_seed(world_size)` for one seed all ranks
-    share (broadcast from rank 0 when torch.distributed is initialised; a fresh one when
-    world_size is 1; a ValueError otherwise); a state loaded into such a loader brings its seed. `stoker.sample_rng()` in the dataset draws what it draws under
+    `seed=None` is the DistributedSampler's default seed, 0, as in torch: every rank must pass
+    the same seed, and the constructor communicates nothing. `stoker.sample_rng()` in the dataset draws what it draws under
     `stoker.DataLoader(..., generator=seed, persistent_workers=True)` over the same sampler
     with set_epoch(epoch) = the loader's epoch count.
 
@@ -120,7 +118,7 @@ class DataLoader:
         self.in_order = in_order
         self.read_tasks = read_tasks
         self.collate_fn = default_collate if collate_fn is None else collate_fn
-        self.seed, self._seed_agreed = _resolve_seed(seed, world_size)
+        self.seed = _resolve_seed(seed)
         self.epoch = 0
         self._position = 0  # batches of the current epoch delivered (or skipped by a resume)
         self._elastic: tuple[int, int, int] | None = None  # the current epoch's elastic origin
@@ -277,10 +275,6 @@ class DataLoader:
         saved = dict(state["config"])
         config = self._config()
         ignore: list[str] = list(ELASTIC_KEYS)
-        seed = self.seed
-        if self._seed_agreed:  # no seed was given: the saved run's seed is the one to go on with
-            ignore.append("seed")
-            seed = saved["seed"]
         differ = config_differences(saved, config, ignore)
         if differ:
             raise ValueError(
@@ -308,7 +302,6 @@ class DataLoader:
                     int(saved["total_size"]),
                 )
             position = 0
-        self.seed = seed
         self.epoch = epoch
         self._elastic = elastic
         self._position = position
