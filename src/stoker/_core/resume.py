@@ -53,8 +53,14 @@ def why_not_stateful(obj: Any) -> str | None:
         try:
             signature.bind(*arguments)
         except TypeError:
-            wanted = "no argument" if not arguments else "one argument (the state)"
-            return f"its {name}{signature} cannot be called with {wanted}"
+            required = [
+                p.name
+                for p in signature.parameters.values()
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            ]
+            needs = f"requires {', '.join(required)}" if required else "takes no argument"
+            given = "no argument" if not arguments else "one argument (the state)"
+            return f"its {name}() {needs}, and stoker calls it with {given}"
     return None
 
 
