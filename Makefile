@@ -4,6 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # The CPU build; on these machines it installs from a local file. An unpinned torch pulls CUDA.
 TORCH_PIN := torch==2.13.0
+# Without its dependencies: they are in the test-datasets extra, less torchvision (see pyproject.toml).
+LITDATA_PIN := litdata==0.2.76
 STAMP := $(VENV)/.installed
 
 .PHONY: test bench lint typecheck pytest docs docs-strict setup clean
@@ -13,7 +15,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-compile -e '.[test,test-frameworks,bench,ray,vision,docs]' '$(TORCH_PIN)'
+	$(PY) -m pip install --quiet --no-compile -e '.[test,test-frameworks,test-datasets,bench,ray,vision,docs]' '$(TORCH_PIN)'
+	$(PY) -m pip install --quiet --no-compile --no-deps '$(LITDATA_PIN)'
 	$(PY) -m compileall -q -j 0 -x '/torch/testing/_internal/py312' \
 		"$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" src
 	touch $(STAMP)

@@ -14,6 +14,7 @@ from typing import Any
 
 from .._data.datasets import StackDataset, Subset
 from .protocol import ReplicaBatch
+from .resume import is_stateful, replica_state
 from .seeding import BATCH, ITEM, SAMPLE, FetchScope, batch_key, enter, leave
 from .stats import clock
 
@@ -152,8 +153,9 @@ class IterableFetcher:
         self._iterator: Iterator[Any] | None = None
         self._ended = False
         self._drawn = 0  # items the replica made this epoch: the key of the next one's seed
-        # a replica with state_dict/load_state_dict reports its state with every batch
-        self.stateful = hasattr(dataset, "state_dict") and hasattr(dataset, "load_state_dict")
+        # a Stateful replica reports its state with every batch; any other dataset is a stream
+        # without state, whatever methods it has
+        self.stateful = is_stateful(dataset)
         self._resume = resume  # (state, items drawn) to restore before the first iteration
 
     def reset(self) -> None:
@@ -172,7 +174,7 @@ class IterableFetcher:
         finally:
             leave(previous)
         if self.stateful:
-            return ReplicaBatch(made, self.dataset.state_dict(), self._drawn)
+            return ReplicaBatch(made, replica_state(self.dataset), self._drawn)
         return made
 
     def _fetch(self, scope: FetchScope, count: int | None, batch: int) -> Any:

@@ -38,7 +38,14 @@ from .forkserver import prepare_forkserver
 from .hostpin import BORN, check_pin_memory
 from .iterator import LoaderIterator
 from .plan import LoadPlan
-from .resume import ELASTIC_KEYS, Progress, capture_epoch, distributed_sampler, make_elastic
+from .resume import (
+    ELASTIC_KEYS,
+    Progress,
+    capture_epoch,
+    distributed_sampler,
+    make_elastic,
+    why_not_stateful,
+)
 from .resume import VERSION as STATE_VERSION
 from .resume import check as check_resume
 from .resume import describe as describe_resume
@@ -634,20 +641,39 @@ class DataLoader(Generic[T_co]):
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is: its current iterator's position (or the start of its next
         epoch), as plain JSON values. `load_state_dict` on a loader of the same configuration
-        makes its next `iter()` continue exactly from here. Map-style datasets only."""
-        if self._iterable and not (
-            hasattr(self.dataset, "state_dict") and hasattr(self.dataset, "load_state_dict")
-        ):
+        makes its next `iter()` continue exactly from here.
+
+        Returns:
+            dict: the state, JSON-able.
+
+        Raises:
+            TypeError: the dataset is an IterableDataset that cannot save its position: it
+                does not follow the Stateful protocol (`state_dict()` with no argument,
+                `load_state_dict(state)`), or its `state_dict()` raised or returned a value
+                that is not plain JSON. The message names the dataset's type and the reason.
+        """
+        state, reason = self._state_or_reason()
+        if state is None:
             raise TypeError(
                 f"DataLoader.state_dict() cannot save the position of {type(self.dataset).__name__}: "
-                "an IterableDataset resumes only if it implements state_dict() (its replica's "
-                "position, as plain values) and load_state_dict(state); stoker gathers one per "
-                "worker and never replays a stream from its start"
+                f"{reason}. An IterableDataset resumes only if it follows the Stateful protocol: "
+                "state_dict() with no argument, returning its replica's position as plain JSON "
+                "values, and load_state_dict(state); stoker gathers one per worker and never "
+                "replays a stream from its start"
             )
+        return state
+
+    def _state_or_reason(self) -> tuple[dict[str, Any] | None, str]:
+        """The state `state_dict()` gives, or None and why an iterable dataset has none."""
+        reason = why_not_stateful(self.dataset) if self._iterable else None
+        if reason is not None:
+            return None, reason
         if self._resume is not None:  # loaded and not iterated yet: still that point
-            return dict(self._resume)
+            return dict(self._resume), ""
         plan = self._plan()
         point = self._latest.point() if self._latest is not None else None
+        if point is not None and "unsaved" in point:
+            return None, point["unsaved"]
         if point is None:
             iterable = self._iterable
             point = {
@@ -660,7 +686,7 @@ class DataLoader(Generic[T_co]):
                 "next_origin": None,
                 "iterable": None,
             }
-        return {"version": STATE_VERSION, "config": describe_resume(plan), **point}
+        return {"version": STATE_VERSION, "config": describe_resume(plan), **point}, ""
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a `state_dict()`: the next `iter()` yields exactly the batches the

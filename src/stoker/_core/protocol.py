@@ -94,7 +94,8 @@ class Failed:
 @dataclass(frozen=True)
 class ReplicaBatch(Compact):
     """A batch from an IterableDataset replica that keeps a state (`state_dict()`), with
-    that state and the number of items drawn right after it: what a resume restores."""
+    that state and the number of items drawn right after it: what a resume restores. The
+    state travels as JSON text, or as `resume.UnsavedState` when it could not be saved."""
 
     batch: Any
     state: Any

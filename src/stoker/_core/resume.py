@@ -16,7 +16,9 @@ state = {"version": 1, "config": {...}, "epoch": e, "position": k, "delivered_af
 
 from __future__ import annotations
 
+import inspect
 import itertools
+import json
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,6 +29,67 @@ from .._data.samplers import BatchSampler
 
 VERSION = 1
 _END = object()
+
+
+def why_not_stateful(obj: Any) -> str | None:
+    """Why `obj` does not follow the Stateful protocol stoker documents (torchdata's:
+    `state_dict()` callable with no argument, `load_state_dict(state)` with one), or None
+    when it does. Read from the methods' signatures: a method of that name with another
+    signature (litdata's and Mosaic's `state_dict(...)` take the loader's counts) is the
+    object's own, and stoker never calls it."""
+    for name, arguments in (("state_dict", ()), ("load_state_dict", (None,))):
+        try:
+            method = getattr(obj, name, None)
+        except Exception:  # a __getattr__ that raises something other than AttributeError
+            method = None
+        if method is None:
+            return f"it has no {name}() method"
+        if not callable(method):
+            return f"its {name} is not a method"
+        try:
+            signature = inspect.signature(method)
+        except (TypeError, ValueError):
+            return f"the signature of its {name}() cannot be read"
+        try:
+            signature.bind(*arguments)
+        except TypeError:
+            required = [
+                p.name
+                for p in signature.parameters.values()
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+            ]
+            needs = f"requires {', '.join(required)}" if required else "takes no argument"
+            given = "no argument" if not arguments else "one argument (the state)"
+            return f"its {name}() {needs}, and stoker calls it with {given}"
+    return None
+
+
+def is_stateful(obj: Any) -> bool:
+    """Whether stoker may call `obj.state_dict()` and `obj.load_state_dict(state)` (see
+    `why_not_stateful`)."""
+    return why_not_stateful(obj) is None
+
+
+@dataclass(frozen=True)
+class UnsavedState:
+    """What an IterableDataset replica reports instead of its state when its `state_dict()`
+    raised or returned something that is not plain JSON: the stream goes on, and the
+    loader's `state_dict()` says why it cannot resume."""
+
+    reason: str
+
+
+def replica_state(dataset: Any) -> str | UnsavedState:
+    """A Stateful replica's state now, as JSON text (a snapshot that no later change to the
+    dataset's objects can alter), or why it cannot be saved."""
+    try:
+        state = dataset.state_dict()
+    except Exception as exc:
+        return UnsavedState(f"its state_dict() raised {type(exc).__name__}: {exc}")
+    try:
+        return json.dumps(state)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return UnsavedState(f"its state_dict() returned a value that is not plain JSON ({exc})")
 
 
 @dataclass
@@ -77,7 +140,7 @@ class Progress:
             if not (self.started and scheduler.current_epoch is not None):
                 return None
             replicas = max(self.num_workers, 1)
-            return {
+            point: dict[str, Any] = {
                 "epoch": scheduler.current_epoch,
                 "position": scheduler.delivered,
                 "delivered_after": [],
@@ -87,10 +150,14 @@ class Progress:
                 "next_origin": None,
                 "iterable": {
                     "num_workers": self.num_workers,
-                    "replicas": [self.replicas.get(w) for w in range(replicas)],
+                    "replicas": [_loaded(self.replicas.get(w)) for w in range(replicas)],
                     "next_worker": 0 if self.last_worker is None else (self.last_worker + 1) % replicas,
                 },
             }
+            unsaved = [r[0].reason for r in self.replicas.values() if isinstance(r[0], UnsavedState)]
+            if unsaved:  # not a state: the loader says why it has none
+                point["unsaved"] = unsaved[0]
+            return point
         if self.started and scheduler.current_epoch is not None:
             epoch = scheduler.current_epoch
             position, after = scheduler.position()
@@ -126,6 +193,14 @@ class Progress:
         return None
 
 
+def _loaded(replica: list[Any] | None) -> list[Any] | None:
+    """A replica's [state, items drawn] as the loader's state holds it (the state parsed
+    from the JSON text its worker sent)."""
+    if replica is None or isinstance(replica[0], UnsavedState):
+        return None
+    return [json.loads(replica[0]), replica[1]]
+
+
 def _inner(index_sampler: Any) -> Any:
     return index_sampler.sampler if isinstance(index_sampler, BatchSampler) else None
 
@@ -142,12 +217,11 @@ def _sources(index_sampler: Any, seed_source: RandomSource) -> list[RandomSource
 
 
 def stateful_user_sampler(index_sampler: Any) -> Any:
-    """A user's sampler with `state_dict`/`load_state_dict`: its state is recorded after each
-    batch is drawn, so that a resume loads it instead of replaying the consumed batches."""
+    """A user's sampler that follows the Stateful protocol (`is_stateful`): its state is
+    recorded after each batch is drawn, so that a resume loads it instead of replaying the
+    consumed batches. Any other sampler is replayed."""
     user = _user_sampler(index_sampler)
-    if user is not None and hasattr(user, "state_dict") and hasattr(user, "load_state_dict"):
-        return user
-    return None
+    return user if user is not None and is_stateful(user) else None
 
 
 def recording(source: Iterator[Any], user: Any, record: dict[int, Any], start: int, keep: int) -> Iterator[Any]:
@@ -176,8 +250,8 @@ def capture_epoch(index_sampler: Any, seed_source: RandomSource, draws_seed: boo
     for part in (index_sampler, _inner(index_sampler)):
         if part is not None and hasattr(part, "set_epoch") and hasattr(part, "epoch"):
             sampler["epoch"] = int(part.epoch)
-    user = _user_sampler(index_sampler)
-    if user is not None and hasattr(user, "state_dict") and hasattr(user, "load_state_dict"):
+    user = stateful_user_sampler(index_sampler)
+    if user is not None:
         sampler["user"] = user.state_dict()
     sharded = distributed_sampler(index_sampler)
     if sharded is not None and getattr(sharded, "seed_agreed", False):
@@ -224,7 +298,7 @@ def open_epoch(
             for part in (index_sampler, _inner(index_sampler)):
                 if part is not None and hasattr(part, "set_epoch"):
                     part.set_epoch(sampler_state["epoch"])
-        user = _user_sampler(index_sampler)
+        user = stateful_user_sampler(index_sampler)
         if "user" in sampler_state and user is not None:
             user.load_state_dict(sampler_state["user"])
             at = origin.get("user_at")  # its state right after the last consumed batch was drawn

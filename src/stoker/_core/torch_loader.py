@@ -20,6 +20,7 @@ from torch.utils.data.dataloader import _DatasetKind, _InfiniteConstantSampler
 from .._data import torch_kinds as _kinds
 from .._data.torch_collate import default_collate, default_convert
 from . import loader as _loader
+from .resume import why_not_stateful
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -51,32 +52,50 @@ class DataLoader(_loader.DataLoader[T_co], _td.DataLoader[T_co]):  # type: ignor
             return _kinds.BatchSampler(sampler, batch_size, drop_last, last_batch=last_batch)
         return _td.BatchSampler(sampler, batch_size, drop_last)
 
-    def _stream_without_state(self) -> bool:
-        return self._iterable and not (
-            hasattr(self.dataset, "state_dict") and hasattr(self.dataset, "load_state_dict")
-        )
-
     def state_dict(self) -> dict[str, Any]:
+        """Where this loader is, as `stoker.DataLoader.state_dict` gives it; for an
+        IterableDataset that cannot save its position (not Stateful, or its `state_dict()`
+        failed), a state saying so: `{"stream_without_state": type name, "reason": why, ...}`.
+
+        Returns:
+            dict: the state, JSON-able.
+        """
         # Frameworks save every loader's state with a checkpoint (Lightning asks any loader that
         # has state_dict and load_state_dict, with no way to opt out): a stream that cannot save
         # its position gives a state saying so instead of raising, and restarts when it is
         # loaded, as torch's loader (which has no state) does under them.
-        if self._stream_without_state():
+        state, reason = self._state_or_reason()
+        if state is None:
             return {"version": _loader.STATE_VERSION, "stream_without_state": type(self.dataset).__name__,
-                    "epoch": self._epochs_started}
-        return super().state_dict()
+                    "reason": reason, "epoch": self._epochs_started}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a `state_dict()` (see `stoker.DataLoader.load_state_dict`). A state
+        of a stream without state restarts that stream, with a `UserWarning` saying why.
+
+        Args:
+            state (dict): what `state_dict()` gave.
+
+        Raises:
+            ValueError: the state is from another configuration, or is a stream-without-state
+                state given to a loader whose dataset is another type that can save its
+                position; nothing is applied.
+        """
         if isinstance(state, dict) and "stream_without_state" in state:
-            if not self._stream_without_state():
+            name = type(self.dataset).__name__
+            reason = why_not_stateful(self.dataset) if self._iterable else None
+            # a Stateful stream of the same type saved none when its state_dict() failed
+            same_stream = self._iterable and state["stream_without_state"] == name
+            if reason is None and not same_stream:
                 raise ValueError(
                     f"this DataLoader state is of a stream that could not save its position "
-                    f"({state['stream_without_state']}); this loader reads {type(self.dataset).__name__}, "
+                    f"({state['stream_without_state']}); this loader reads {name}, "
                     "which can: the state was not applied"
                 )
             warnings.warn(
-                f"{type(self.dataset).__name__} cannot save its position (it has no state_dict() and "
-                "load_state_dict()), so this DataLoader restarts it from its beginning",
+                f"{name} cannot save its position ({state.get('reason') or reason}), so this "
+                "DataLoader restarts it from its beginning",
                 UserWarning,
                 stacklevel=2,
             )
