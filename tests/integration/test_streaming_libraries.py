@@ -139,13 +139,8 @@ def _torchs(library: str, make: Callable[[], Any], case: Case) -> list[list[list
     return _REFERENCES[key]
 
 
-# Persistent workers used to open the next epoch before the loop's set_epoch(e); once an epoch
-# starts at iter() (as torch's does) these pass: then remove the mark.
-_EPOCH_AT_ITER = pytest.mark.xfail(
-    strict=True, reason="persistent workers start the next epoch before set_epoch (the epoch-at-iter() fix)"
-)
 PARAMS = [
-    pytest.param(library, case, id=f"{library}-{case}", marks=[_EPOCH_AT_ITER] if library == "huggingface" and case.persistent else [])
+    pytest.param(library, case, id=f"{library}-{case}")
     for library in sorted(LIBRARIES)
     for case in CASES
 ]
