@@ -72,3 +72,22 @@ def test_a_retired_slot_is_unmapped_by_the_other_workers() -> None:
         assert slot_mappings(pid) <= live
     assert (first[:, 0] == np.arange(4)).all()
     iterator.close()
+
+
+EXIT_SCRIPT = """
+import numpy as np, stoker, stoker.torch as st
+class S(stoker.IterableDataset):
+    def __iter__(self):
+        return iter(np.arange(10.0).reshape(5, 2))
+a = stoker.DataLoader(np.arange(2000.0).reshape(100, 20), batch_size=10, num_workers=1)
+b = st.DataLoader(S(), batch_size=2, num_workers=1)
+x, y = list(a), list(b)  # batches and loaders still referenced at interpreter exit
+"""
+
+
+def test_batches_kept_until_interpreter_exit_unmap_quietly() -> None:
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "Exception ignored" not in proc.stderr, proc.stderr

@@ -165,10 +165,11 @@ class _Unmap:
         self.size = size
         self.before: Any = None
 
-    def __del__(self) -> None:
+    # bound at definition: at interpreter exit the module's globals may be gone before this runs
+    def __del__(self, _munmap: Any = _libc.munmap) -> None:
         if self.before is not None:
             self.before(self.address)
-        _libc.munmap(self.address, self.size)
+        _munmap(self.address, self.size)
 
 
 def map_fd(
