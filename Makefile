@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/close_times.py
 	$(PY) benchmarks/resume_cost.py
 	$(PY) benchmarks/memory.py
+	$(PY) benchmarks/kept_fields.py
 	$(PY) benchmarks/trainer_step.py
 
 # The documentation site (docs/, mkdocs.yml) into build/site. --strict: a broken link or anchor,
