@@ -58,7 +58,7 @@ from .seeding import restore_globals, seed_main_globals
 from .sharing import Packed
 from .stats import clock
 from .transport import PickleTransport, Transport
-from .worker import WorkerConfig, fetcher_for, process_main, run_worker, with_work
+from .worker import WorkerConfig, WorkerProcess, fetcher_for, process_main, run_worker, with_work
 
 JOIN_TIMEOUT_S = 2.0
 TERMINATE_TIMEOUT_S = 1.0
@@ -319,6 +319,7 @@ class ProcessEngine:
         self._watched: dict[int, tuple[int, bool]] = {}  # fd -> (worker id, is its sentinel)
         self._stuck: set[int] = set()  # workers the loader timed out on (see stuck())
         self._closed = False
+        self._handles: list[WorkerProcess | None] = [None] * n  # see handles()
 
     # ---------------------------------------------------------------- starting
     def start(self) -> None:
@@ -380,6 +381,7 @@ class ProcessEngine:
             result_writer.close()
         adopt(process)
         self._processes[worker_id] = process
+        self._handles[worker_id] = WorkerProcess(process)
         self._tasks[worker_id] = task_writer
         self._results[worker_id] = result_reader
         self._watch(result_reader.fileno(), worker_id, died=False)
@@ -415,6 +417,11 @@ class ProcessEngine:
             death = self._deaths.get(worker_id)
             return death.pid if death is not None else None
         return process.pid
+
+    def handles(self) -> list[WorkerProcess]:
+        """Read-only handles on the worker processes, by worker id (the latest of a restarted
+        one); they stay valid after close()."""
+        return [h for h in self._handles if h is not None]
 
     def send(self, worker_id: int, message: Request) -> None:
         tasks = self._tasks[worker_id]

@@ -34,7 +34,6 @@ flight then — and the scheduler goes on with the rest of the epoch over them.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import warnings
@@ -44,7 +43,7 @@ from typing import Any, Generic, TypeVar
 from . import forksafe, hostpin
 from .auto import Head
 from .bar import EpochBar
-from .engines import Death, Engine, make_engine
+from .engines import Death, Engine, ProcessEngine, make_engine
 from .errors import ExceptionInfo, WorkerDiedError, WorkerRestartWarning, describe_index
 from .pin import PinThread, device_setup, pin_function
 from .plan import LoadPlan
@@ -52,6 +51,7 @@ from .protocol import Done, Failed, ReplicaBatch, Task
 from .resume import Progress, capture_epoch, open_epoch, recording, stateful_user_sampler
 from .scheduler import Owed, Scheduler
 from .stats import LoaderStats, Recorder, clock
+from .worker import WorkerProcess
 
 T = TypeVar("T")
 
@@ -165,10 +165,13 @@ class LoaderIterator(Generic[T]):
         """The workers are running and no error has broken this iterator."""
         return self._broken is None and self._close.alive
 
-    def start_next_epoch(self, begun: float | None = None) -> None:
-        """`iter(loader)` again on a persistent loader: start (or adopt) the next epoch."""
+    def start_next_epoch(self, begun: float | None = None, len_called: int | None = None) -> None:
+        """`iter(loader)` again on a persistent loader: start (or adopt) the next epoch.
+        `len_called`: `len(dataset)` as `len(loader)` last read it (None: not read), which
+        the length warning of this epoch compares with, as torch re-reads it each epoch."""
         begun = clock() if begun is None else begun
         self._yielded = 0
+        self._plan = replace(self._plan, len_called=len_called)
         scheduler = self._scheduler
         if scheduler.current_epoch is not None and self._started_current:
             dropped = scheduler.abandon_epoch()  # dropped half-way: its results are discarded
@@ -219,6 +222,14 @@ class LoaderIterator(Generic[T]):
             return source
         record = self._progress.user_states.setdefault(epoch, {})
         return recording(source, user, record, start, keep=self._plan.window + 2)
+
+    @property
+    def _workers(self) -> list[WorkerProcess]:
+        """torch's private list of the iterator's worker processes, as read-only handles
+        (`WorkerProcess`: pid, is_alive(), join(), exitcode), valid also after the workers
+        stopped; empty for thread workers and num_workers=0."""
+        engine = self._engine
+        return engine.handles() if isinstance(engine, ProcessEngine) else []
 
     @property
     def progress(self) -> Progress:
@@ -534,24 +545,23 @@ class LoaderIterator(Generic[T]):
         return reply.payload
 
     def _warn_if_longer_than_reported(self) -> None:
+        """torch's warning, word for word and at torch's threshold: once `len(loader)` has
+        been read (before this epoch's `iter()`), each batch past `len(dataset)` warns.
+        torch counts batches against the dataset's length in samples, and so does this."""
         plan = self._plan
-        if not plan.iterable or plan.len_called is None:
+        if not plan.iterable or plan.len_called is None or self._yielded <= plan.len_called:
             return
-        reported = plan.len_called
-        if plan.batch_size is not None:
-            reported = (reported // plan.batch_size) if plan.drop_last else math.ceil(reported / plan.batch_size)
-        if self._yielded > reported:
-            message = (
-                f"Length of IterableDataset {plan.dataset} was reported to be {plan.len_called} "
-                f"samples ({reported} batches, when accessing len(dataloader)), but "
-                f"{self._yielded} batches have been fetched. "
+        message = (
+            f"Length of IterableDataset {plan.dataset} was reported to be {plan.len_called}"
+            f"(when accessing len(dataloader)), but {self._yielded} samples have been fetched. "
+        )
+        if plan.num_workers > 0:
+            message += (
+                "For multiprocessing data-loading, this could be caused by not properly configuring the "
+                "IterableDataset replica at each worker. Please see "
+                "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples."
             )
-            if plan.num_workers > 0:
-                message += (
-                    "For multi-worker loading, this is usually an IterableDataset whose replicas "
-                    "are not sharded with get_worker_info()."
-                )
-            warnings.warn(message, stacklevel=5)  # the user's next()
+        warnings.warn(message, stacklevel=5)  # the user's next()
 
     def _end_epoch(self) -> None:
         self._stop_stats(at_return=True)

@@ -309,7 +309,8 @@ class DataLoader(Generic[T_co]):
         self._iterable = is_iterable_dataset(dataset)
         self._dataset_kind = self._kind_of(self._iterable)
         if self._iterable:
-            if shuffle not in {False, None}:
+            takes_shuffle = shuffle is not None and self._shuffles_itself(dataset, shuffle)
+            if not takes_shuffle and shuffle not in {False, None}:
                 raise ValueError(
                     f"DataLoader with IterableDataset: expected unspecified shuffle option, but got shuffle={shuffle}"
                 )
@@ -420,6 +421,12 @@ class DataLoader(Generic[T_co]):
     def _kind_of(iterable: bool) -> Any:
         """`_dataset_kind`'s value: torch's DataLoader has an enum there."""
         return "iterable" if iterable else "map"
+
+    @staticmethod
+    def _shuffles_itself(dataset: Any, shuffle: bool) -> bool:
+        """Whether an iterable dataset takes the loader's `shuffle` itself (it is then
+        applied to it): torch's IterDataPipe does, under stoker.torch."""
+        return False
 
     @staticmethod
     def _infinite_sampler() -> Sampler[None]:
@@ -594,7 +601,7 @@ class DataLoader(Generic[T_co]):
         self._resolve_auto()
         persistent = self.persistent_workers and self._auto is None and self.num_workers > 0
         if persistent and self._iterator is not None and self._iterator.usable() and self._resume is None:
-            self._iterator.start_next_epoch(begun)
+            self._iterator.start_next_epoch(begun, self._iterable_len_called)
             self._epochs_started += 1
             return self._iterator
         if self._auto is None:

@@ -41,6 +41,14 @@ class DataLoader(_loader.DataLoader[T_co], _td.DataLoader[T_co]):  # type: ignor
         return _DatasetKind.Iterable if iterable else _DatasetKind.Map
 
     @staticmethod
+    def _shuffles_itself(dataset: Any, shuffle: bool) -> bool:
+        # torch hands the flag to the pipe's shufflers (and refuses it for other streams)
+        if not isinstance(dataset, _td.IterDataPipe):
+            return False
+        _td.graph_settings.apply_shuffle_settings(dataset, shuffle=shuffle)
+        return True
+
+    @staticmethod
     def _infinite_sampler() -> Any:
         return _InfiniteConstantSampler()
 

@@ -39,23 +39,125 @@ T_co = TypeVar("T_co", covariant=True)
 PARENT_POLL_S = 0.5  # how often an idle worker checks that its parent is alive
 
 
+class WorkerRNG:
+    """A thread worker's own random generators (`WorkerInfo.rng`), as torch gives its thread
+    workers: thread workers share the process's global RNGs, so a transform that must not
+    race with the other workers draws from these instead.
+
+    Attributes:
+        random_generator (random.Random): seeded with the worker's `seed`.
+        numpy_generator (numpy.random.Generator): seeded as a process worker seeds numpy's
+            global RNG (from the base seed and the worker's number).
+        torch_generator (torch.Generator): seeded with the worker's `seed`; made (importing
+            torch) on first use, so that a loader without torch never imports it.
+
+    Args:
+        seed (int): the worker's seed (`WorkerInfo.seed`).
+        numpy_seed (array of uint32): the entropy numpy's generator is made from.
+    """
+
+    __slots__ = ("_seed", "_torch", "numpy_generator", "random_generator")
+
+    def __init__(self, seed: int, numpy_seed: Any) -> None:
+        self.random_generator = random.Random(seed)
+        self.numpy_generator = np.random.default_rng(numpy_seed)
+        self._seed = seed
+        self._torch: Any = None
+
+    @property
+    def torch_generator(self) -> Any:
+        if self._torch is None:
+            import torch
+
+            self._torch = torch.Generator().manual_seed(self._seed)
+        return self._torch
+
+    def __repr__(self) -> str:
+        return f"WorkerRNG(seed={self._seed})"
+
+
 @dataclass(frozen=True)
 class WorkerInfo(Generic[T_co]):
     """What a worker knows about itself; `get_worker_info()` returns it inside a worker.
 
-    `rank` and `world_size` are the training rank's (torch.distributed's when initialised,
-    else the loader's DistributedSampler's, else torchrun's RANK / WORLD_SIZE, else 0 and 1), so that an
-    IterableDataset can shard over ranks x workers (see `shard_for`); `local_rank` is torchrun's
-    LOCAL_RANK, None without it. `seed` differs for every (rank, worker).
+    The first six fields are torch's, in torch's order. `rng` is None in a worker process
+    (whose global RNGs are its own, seeded) and a `WorkerRNG` in a thread worker;
+    `worker_method` is "multiprocessing" or "thread". `rank` and `world_size` are the
+    training rank's (torch.distributed's when initialised, else the loader's
+    DistributedSampler's, else torchrun's RANK / WORLD_SIZE, else 0 and 1), so that an
+    IterableDataset can shard over ranks x workers (see `shard_for`); `local_rank` is
+    torchrun's LOCAL_RANK, None without it. `seed` differs for every (rank, worker).
     """
 
     id: int
     num_workers: int
     seed: int
     dataset: Any
+    rng: WorkerRNG | None = None
+    worker_method: str | None = "multiprocessing"
     rank: int = 0
     world_size: int = 1
     local_rank: int | None = None
+
+
+class WorkerProcess:
+    """A read-only handle on one worker process, as torch's iterator lists them in `_workers`.
+
+    It answers what a `multiprocessing.Process` answers (`pid`, `name`, `daemon`,
+    `is_alive()`, `exitcode`, `join(timeout)`), also after the loader has stopped the worker
+    and released its process object: then the worker is dead and its exit code is the one
+    it ended with. `terminate()` and `kill()` signal a worker still running, as on a
+    Process; the loader notices that death as any other.
+
+    Args:
+        process (multiprocessing.Process): a started worker process.
+    """
+
+    __slots__ = ("_popen", "_process", "name", "pid")
+
+    def __init__(self, process: Any) -> None:
+        self._process = process
+        # a Process refuses every question once closed (the engine closes it at shutdown to
+        # release its sentinel); its Popen keeps the pid and the reaped exit code
+        self._popen = getattr(process, "_popen", None)
+        self.pid: int | None = process.pid
+        self.name: str = process.name
+
+    @property
+    def daemon(self) -> bool:
+        return True
+
+    @property
+    def exitcode(self) -> int | None:
+        """The exit code (negative: killed by that signal), None while it runs."""
+        try:
+            return self._process.exitcode
+        except ValueError:  # closed: reaped before it was
+            return None if self._popen is None else self._popen.returncode
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait up to `timeout` seconds (None: for ever) for the worker to end."""
+        try:
+            self._process.join(timeout)
+        except ValueError:  # closed: it has ended and was reaped
+            pass
+
+    def terminate(self) -> None:
+        """SIGTERM the worker if it still runs."""
+        if self.is_alive():
+            self._process.terminate()
+
+    def kill(self) -> None:
+        """SIGKILL the worker if it still runs."""
+        if self.is_alive():
+            self._process.kill()
+
+    def __repr__(self) -> str:
+        state = "alive" if self.is_alive() else f"exitcode={self.exitcode}"
+        return f"<WorkerProcess name={self.name!r} pid={self.pid} {state}>"
 
 
 _process_info: WorkerInfo[Any] | None = None
@@ -81,7 +183,12 @@ def tell_torch(info: WorkerInfo[Any] | None, thread: bool) -> bool:
         return False
     record = None
     if info is not None:
-        record = torch_worker.WorkerInfo(id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset)
+        # older torch's WorkerInfo has no rng and worker_method
+        known = getattr(torch_worker.WorkerInfo, "__dataclass_fields__", {})
+        extra = {name: getattr(info, name) for name in ("rng", "worker_method") if name in known}
+        record = torch_worker.WorkerInfo(
+            id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset, **extra
+        )
     if thread:
         _thread_aware(torch_worker)
         _thread_info.torch = record
@@ -141,10 +248,15 @@ def seed_globals(base_seed: int, worker_id: int, rank: int = 0, num_workers: int
     worker = rank * num_workers + worker_id
     seed = base_seed + worker
     random.seed(seed)
-    np.random.seed(np.random.SeedSequence([worker, base_seed]).generate_state(4))
+    np.random.seed(numpy_seed(base_seed, worker))
     torch = sys.modules.get("torch")
     if torch is not None:
         seed_torch(torch, seed)
+
+
+def numpy_seed(base_seed: int, worker: int) -> Any:
+    """numpy's seed for a worker (torch's `_generate_state`: the same four words)."""
+    return np.random.SeedSequence([worker, base_seed]).generate_state(4)
 
 
 def seed_torch(torch: Any, seed: int) -> None:
@@ -202,8 +314,15 @@ def run_worker(
     """
     global _process_info
     info: WorkerInfo[Any] = WorkerInfo(
-        config.worker_id, config.num_workers, config.seed, config.dataset,
-        config.rank, config.world_size, config.local_rank,
+        id=config.worker_id,
+        num_workers=config.num_workers,
+        seed=config.seed,
+        dataset=config.dataset,
+        rng=_thread_rng(config) if config.thread else None,
+        worker_method="thread" if config.thread else "multiprocessing",
+        rank=config.rank,
+        world_size=config.world_size,
+        local_rank=config.local_rank,
     )
     if config.thread:
         _thread_info.info = info
@@ -258,6 +377,11 @@ def run_worker(
         if config.thread:
             _thread_info.info = None
             tell_torch(None, thread=True)
+
+
+def _thread_rng(config: WorkerConfig) -> WorkerRNG:
+    worker = config.rank * config.num_workers + config.worker_id
+    return WorkerRNG(config.seed, numpy_seed(config.base_seed, worker))
 
 
 def with_work(reply: Done, fetcher: MapFetcher | IterableFetcher, unreported: float, start: float) -> Done:

@@ -1,7 +1,9 @@
 """stoker.torch's datasets and samplers, of torch's kind.
 
-`Dataset`, `IterableDataset` and `Sampler` are torch's own classes; the dataset wrappers and
-the samplers subclass both stoker's class (its behaviour: torch's exact random sequences, a
+`Dataset`, `IterableDataset` and `Sampler` are torch's own classes, and so are
+`ConcatDataset` and `ChainDataset`: they are what `a + b` makes of torch's datasets, so the
+exported name must be that class. The other dataset wrappers and the samplers subclass both
+stoker's class (its behaviour: torch's exact random sequences, a
 rank-agreed seed, skipping an epoch's consumed batches without fetching them on resume) and
 torch's (its type), so that `isinstance` checks in torch and in training frameworks
 (Lightning's sampler injection, accelerate's `prepare`) answer as they do for torch's.
@@ -24,8 +26,13 @@ IterableDataset = _td.IterableDataset
 Sampler = _td.Sampler
 
 
+ConcatDataset = _td.ConcatDataset
+ChainDataset = _td.ChainDataset
+
+
 class _AddsTorchKinds:
-    """`a + b` gives stoker.torch's ConcatDataset (ChainDataset for streams), as torch's does."""
+    """`a + b` gives torch's ConcatDataset (ChainDataset for streams), as torch's does
+    (stoker's Dataset comes first in these classes' order and would make its own)."""
 
     def __add__(self, other: Any) -> Any:
         this: Any = self
@@ -36,18 +43,6 @@ class _AddsTorchKinds:
 
 class TensorDataset(_AddsTorchKinds, _datasets.TensorDataset, _td.TensorDataset):
     __doc__ = _datasets.TensorDataset.__doc__
-
-
-class ConcatDataset(_AddsTorchKinds, _datasets.ConcatDataset[T_co], _td.ConcatDataset[T_co]):  # type: ignore[misc]
-    __doc__ = _datasets.ConcatDataset.__doc__
-
-
-class ChainDataset(_AddsTorchKinds, _td.ChainDataset):
-    # stoker's stream base and torch's order Generic and Iterable differently, so this one
-    # is torch's class with stoker's methods (errors that name the misfit dataset)
-    __doc__ = _datasets.ChainDataset.__doc__
-    __iter__ = _datasets.ChainDataset.__iter__
-    __len__ = _datasets.ChainDataset.__len__
 
 
 class Subset(_AddsTorchKinds, _datasets.Subset[T_co], _td.Subset[T_co]):  # type: ignore[misc]
