@@ -144,6 +144,17 @@ def test_a_short_first_epoch_chooses_at_its_end() -> None:
     assert batches(loader) == batches(fixed)  # the next epoch, with the chosen workers
 
 
+def test_a_short_first_epoch_chooses_at_its_last_batch() -> None:
+    """A consumer that takes len(loader) batches and stops (Lightning's loops) never asks for
+    the StopIteration; the choice is made when the last batch is handed out."""
+    loader = auto_loader(Busy(n=3 * BATCH))
+    iterator = iter(loader)
+    first = [next(iterator).tolist() for _ in range(len(loader))]
+    assert loader.stats().choice is not None and "median of 3" in loader.stats().choice
+    del iterator
+    assert first == batches(fixed_loader(Busy(n=3 * BATCH), 0))
+
+
 def test_state_saved_in_the_head_and_after_the_move_resumes_exactly() -> None:
     expected = batches(fixed_loader(Busy(), 0))
     for taken in (2, auto.PROBE_BATCHES + 3):
