@@ -34,15 +34,18 @@ prefetch factor covers the spread of the probe times (2 when batches take the sa
 up to 8 when some take several times the median), within 5 % of available memory.
 
 An IterableDataset is not probed (its stream is not sampled outside its workers): it
-gets min(U - 1, 8) workers (at least 1), the count "auto" starts from (`start_workers`).
+gets min(U - 1, 8) workers (at least 1): the count "auto" assumes before it has measured
+anything (`start_workers`).
 
 What the loader's attributes read: `num_workers` and `prefetch_factor` are ints (`Auto`) at all
 times, as torch's are, because frameworks and torch's own checks compare them and pass them on.
-Until the choice they read the count "auto" starts from (`start_workers`, and prefetch 2,
-torch's default); after it, the counts chosen. An `Auto` remembers that it came from "auto": a
-DataLoader given one asks for "auto" again, so a loader re-created from another's attributes
-(Lightning injecting its sampler, accelerate's rebuild around a shard) makes its own choice
-instead of taking the provisional count for a given one.
+Until the choice they read the counts assumed before measuring (`start_workers`, and prefetch
+2, torch's default), also while a map-style head runs inline: a count of at least 1 keeps them
+a set torch's constructor accepts beside `persistent_workers=True`, a `multiprocessing_context`
+or a given `prefetch_factor`. After it they read the counts chosen. An `Auto` remembers that
+it came from "auto": a DataLoader given one asks for "auto" again, so a loader re-created
+from another's attributes (Lightning injecting its sampler, accelerate's rebuild around a
+shard) makes its own choice instead of taking the provisional count for a given one.
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ class Auto(int):
 
 
 def start_workers(cpus: int) -> int:
-    """The worker count "auto" starts from before anything is measured (and gives an
+    """The worker count "auto" assumes before anything is measured (and gives an
     IterableDataset): one less than the usable CPUs, at least 1, at most 8."""
     return min(max(cpus - 1, 1), ITERABLE_MAX_WORKERS)
 
