@@ -9,7 +9,8 @@ the only difference between the two runs. Each rank writes OUT/FLAVOUR-PHASE-RAN
 PHASE "first": a shuffled 64-sample loader (2 epochs, then a third for skip_first_batches), a
 144-sample one under gradient accumulation 2 (9 batches a rank), gather_for_metrics over 17
 samples, and a resumable loader stopped after 3 batches: its state_dict() to a file and
-accelerator.save_state. PHASE "second" (a new process group): the same loaders prepared in the
+accelerator.save_state; with stoker, a loader asking for `num_workers="auto"` (and persistent
+workers), prepared and iterated. PHASE "second" (a new process group): the same loaders prepared in the
 same order, accelerator.load_state; then the resumable loader uninterrupted, resumed by
 skip_first_batches and (stoker) by load_state_dict.
 """
@@ -154,6 +155,17 @@ def main() -> None:
         accelerator.save_state(state_dir)
         record["resumable"] = kind(loader.base_dataloader)
         iterator.close()
+
+        if FLAVOUR == "stoker":  # after save_state: "second" prepares the loaders above only
+            # accelerate builds a torch DataLoader from the loader's attributes (torch's checks
+            # compare num_workers as an int), then stoker's rebuild: still "auto"
+            given = DataLoader(Numbers(64), batch_size=8, shuffle=True, num_workers="auto", persistent_workers=True)
+            prepared = accelerator.prepare(given)
+            seen = [j for batch in indices(prepared) for j in batch]
+            base = prepared.base_dataloader
+            record["auto"] = {"given_num_workers": given.num_workers, "seen": seen, "kind": kind(base),
+                              "num_workers_is_int": isinstance(base.num_workers, int),
+                              "choice": base.stats().choice}
     else:
         # accelerate's checkpoint, back into loaders prepared in the same order
         loader = resumable(accelerator)

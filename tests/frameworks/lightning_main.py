@@ -7,13 +7,16 @@ CASE "ddp" starts two CPU ranks (Lightning's ddp strategy runs this script again
 and, in that one process group, runs in turn:
 
 - fit: a LightningModule's shuffled train loader and its val loader, 2 epochs, then
-  `trainer.predict` with a BasePredictionWriter (write_interval="batch");
+  `trainer.validate` and `trainer.predict` with a BasePredictionWriter (write_interval="batch");
 - datamodule: a LightningDataModule's train loader, and a stream (IterableDataset) as its val
   loader, which Lightning leaves alone;
 - no_sampler: `Trainer(use_distributed_sampler=False)`, 2 epochs;
 - fabric: `Fabric(strategy="ddp").setup_dataloaders(loader)`, 2 epochs;
 - full / first: 2 epochs of a shuffled loader; the same run stopped after step 3
-  (`max_steps=3`) with a checkpoint saved at that step by `ModelCheckpoint`.
+  (`max_steps=3`) with a checkpoint saved at that step by `ModelCheckpoint`;
+- auto (stoker only: torch's loader has no "auto"): `num_workers="auto"` for a train loader
+  given to `fit` (Lightning re-creates it from its attributes) and a val loader made in a hook
+  (from its recorded arguments), 1 epoch; what each re-created loader's "auto" chose.
 
 CASE "resume" starts a new process group that resumes "first" from its checkpoint
 (`trainer.fit(model, ckpt_path=...)`) and runs to the end of the second epoch.
@@ -100,6 +103,13 @@ def describe(loader: Any) -> dict[str, Any]:
     }
 
 
+def auto_choice(loader: Any) -> dict[str, Any]:
+    """What a stoker loader's num_workers reads and what its "auto" chose (None: nothing)."""
+    if isinstance(loader, (list, tuple)):
+        (loader,) = loader
+    return {"num_workers_is_int": isinstance(loader.num_workers, int), "choice": loader.stats().choice}
+
+
 class Recorder(pl.LightningModule):
     """Writes what each stage saw into `record`; its *_dataloader hooks note the id of the
     loader they return (Lightning may iterate a re-created one)."""
@@ -110,7 +120,7 @@ class Recorder(pl.LightningModule):
         self.record = record
         self.batch_size = batch_size
         self.hooks = hooks
-        for stage in ("train", "val", "predict"):
+        for stage in ("train", "val", "validate", "predict"):
             record.setdefault(stage, [])
         record.setdefault("loaders", {})
         record.setdefault("given", {})
@@ -125,7 +135,8 @@ class Recorder(pl.LightningModule):
         return self.layer(batch[0]).sum()
 
     def validation_step(self, batch: Any, index: int) -> None:
-        self.note("val", batch, self.trainer.val_dataloaders)
+        stage = "validate" if self.trainer.state.fn == "validate" else "val"
+        self.note(stage, batch, self.trainer.val_dataloaders)
 
     def predict_step(self, batch: Any, index: int) -> Any:
         self.note("predict", batch, self.trainer.predict_dataloaders)
@@ -135,6 +146,8 @@ class Recorder(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
     def given(self, stage: str, loader: Any) -> Any:
+        if stage == "val" and self.trainer.state.fn == "validate":
+            stage = "validate"  # the val hook, called again by trainer.validate
         self.record["given"][stage] = id(loader)
         return loader
 
@@ -208,6 +221,7 @@ def fit_case(runs: dict[str, Any]) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         run.fit(model)
+        run.validate(model, verbose=False)
         run.predict(model, return_predictions=False)
     record["unsharded"] = unsharded(caught)
     runs["fit"] = record
@@ -260,6 +274,26 @@ def fabric_case(runs: dict[str, Any]) -> None:
     }
 
 
+class AutoVal(Recorder):
+    def val_dataloader(self) -> Any:
+        return self.given("val", DataLoader(Numbers(), batch_size=8, num_workers="auto"))
+
+    def on_fit_end(self) -> None:
+        # the epochs are over: each re-created loader has made its choice
+        self.record["auto"] = {"train": auto_choice(self.trainer.train_dataloader),
+                               "val": auto_choice(self.trainer.val_dataloaders)}
+
+
+def auto_case(runs: dict[str, Any]) -> None:
+    record: dict[str, Any] = {}
+    given = DataLoader(Numbers(), batch_size=8, shuffle=True, num_workers="auto")
+    record["given_num_workers"] = given.num_workers
+    model = AutoVal(record)
+    model.given("train", given)
+    trainer(max_epochs=1).fit(model, train_dataloaders=given)
+    runs["auto"] = record
+
+
 def checkpoint_dir() -> str:
     return os.path.join(OUT, f"checkpoints-{FLAVOUR}")
 
@@ -310,6 +344,8 @@ def main() -> None:
         fabric_case(runs)
         resume_runs(runs, "full")
         resume_runs(runs, "first")
+        if FLAVOUR == "stoker":
+            auto_case(runs)
     elif CASE == "resume":
         rank = resume_runs(runs, "second")
     else:

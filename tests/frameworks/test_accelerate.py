@@ -157,6 +157,20 @@ def test_stoker_gives_the_ranks_what_torch_gives_them(runs: Any) -> None:
         assert ours["full"] == theirs["full"] and ours["after_skip"] == theirs["after_skip"]
 
 
+@on_two_ranks
+def test_auto_workers_survive_prepare(runs: Any) -> None:
+    """accelerate builds a torch DataLoader from the loader's attributes (torch compares
+    num_workers, checks it against persistent_workers), then stoker's rebuild takes its
+    arguments: the loader that runs still asks for "auto" and makes its own choice."""
+    first = runs("stoker")["first"]
+    assert_disjoint_cover([rank["auto"]["seen"] for rank in first], 64)
+    for rank in first:
+        chosen = rank["auto"]
+        assert isinstance(chosen["given_num_workers"], int) and chosen["given_num_workers"] >= 1
+        assert chosen["kind"] == LOADER["stoker"] and chosen["num_workers_is_int"]
+        assert chosen["choice"].startswith("num_workers="), chosen
+
+
 # ------------------------------------------------------------ in one process, no ranks
 ONE_PROCESS = """
 import os, sys, warnings

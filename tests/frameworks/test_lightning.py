@@ -4,9 +4,10 @@ stoker's.
 
 Two CPU ranks (Lightning's ddp strategy over gloo, inside a network namespace with only the
 loopback interface) run lightning_main.py twice per flavour: once for fit (train and val
-sharded, predict with a prediction writer's batch indices), a LightningDataModule with a stream
-left alone, `use_distributed_sampler=False`, Fabric's setup_dataloaders and a run stopped after a
-mid-epoch checkpoint; once more for a new process group that resumes from that checkpoint. The
+sharded, then validate, and predict with a prediction writer's batch indices), a
+LightningDataModule with a stream left alone, `use_distributed_sampler=False`, Fabric's
+setup_dataloaders, a run stopped after a mid-epoch checkpoint and (stoker only) loaders asking
+for `num_workers="auto"`; once more for a new process group that resumes from that checkpoint. The
 rest runs in this process: one-process training order against torch's, streams split with
 torch's get_worker_info, fitting on a stream with checkpointing, and Lightning's data-loading
 utilities (re-creation keeping every argument, shuffle detection, sampler injection, worker
@@ -136,14 +137,15 @@ def assert_made_by(flavour: str, batches: list[list[Any]]) -> None:
 @on_two_ranks
 @launching
 @pytest.mark.parametrize("flavour", FLAVOURS)
-def test_fit_gives_each_rank_its_shard_of_train_and_val(flavour: str, ranks: Any) -> None:
+def test_fit_and_validate_give_each_rank_its_shard(flavour: str, ranks: Any) -> None:
     records = [r["fit"] for r in ranks("ddp", flavour)]
     for epoch in range(2):
         assert_disjoint_cover([flat(r["train"], epoch) for r in records])
         assert_disjoint_cover([flat(r["val"], epoch) for r in records])
+    assert_disjoint_cover([flat(r["validate"]) for r in records])  # trainer.validate after fit
     for record in records:
         assert flat(record["train"], 0) != flat(record["train"], 1)  # set_epoch reached the sampler
-        for stage in ("train", "val"):
+        for stage in ("train", "val", "validate"):
             loader = record["loaders"][stage]
             # Lightning re-created the loader around a DistributedSampler: same class, same workers
             assert loader["id"] != record["given"][stage]
@@ -232,9 +234,31 @@ def test_the_ranks_read_what_torchs_ranks_read(ranks: Any) -> None:
     stoker.torch each rank's batches are torch's, batch for batch."""
     torch_ranks, stoker_ranks = ranks("ddp", "torch"), ranks("ddp", "stoker")
     for t, s in zip(torch_ranks, stoker_ranks):
-        for run, stage in (("fit", "train"), ("fit", "val"), ("fit", "predict"), ("datamodule", "train"), ("full", "train")):
+        for run, stage in (("fit", "train"), ("fit", "val"), ("fit", "validate"), ("fit", "predict"),
+                           ("datamodule", "train"), ("full", "train")):
             assert [b[:2] for b in t[run][stage]] == [b[:2] for b in s[run][stage]], (run, stage)
         assert t["fabric"]["epochs"] == s["fabric"]["epochs"]
+
+
+@on_two_ranks
+@launching
+def test_auto_workers_survive_fit_and_lightnings_re_creation(ranks: Any) -> None:
+    """num_workers="auto" under Trainer.fit: Lightning compares num_workers as an int
+    (`_worker_check`) and re-creates the loader around its DistributedSampler, from the given
+    loader's attributes (a train loader given to fit) or from its recorded arguments (a val
+    loader made in a hook); each re-created loader still asks for "auto" and makes its own
+    choice, and the ranks read their shards."""
+    records = [r["auto"] for r in ranks("ddp", "stoker")]
+    assert_disjoint_cover([flat(r["train"]) for r in records])
+    assert_disjoint_cover([flat(r["val"]) for r in records])
+    for record in records:
+        assert isinstance(record["given_num_workers"], int) and record["given_num_workers"] >= 1
+        for stage in ("train", "val"):
+            loader = record["loaders"][stage]
+            assert loader["id"] != record["given"][stage] and loader["sampler"] == DISTRIBUTED_SAMPLER
+            assert loader["type"] == LOADER["stoker"]
+            chosen = record["auto"][stage]
+            assert chosen["num_workers_is_int"] and chosen["choice"].startswith("num_workers="), chosen
 
 
 # ----------------------------------------------------------- two ranks: resume

@@ -15,6 +15,7 @@ import pytest
 import stoker
 from stoker import DataLoader, Dataset, WorkerDiedError
 from stoker._core import auto
+from stoker._core.loader import usable_cpus
 
 N = 96
 BATCH = 4
@@ -78,9 +79,11 @@ def test_the_epoch_moves_to_workers_without_fetching_twice(context: str) -> None
     extra = {"thread_pool": True} if context == "threads" else {"multiprocessing_context": context}
     loader = auto_loader(dataset, **extra)
     iterator = iter(loader)
-    assert loader.num_workers == "auto"
+    # not chosen yet, and the head runs inline; the attribute reads the count "auto" starts from
+    assert loader.stats().choice is None and loader.stats().num_workers == 0
+    assert loader.num_workers == auto.start_workers(usable_cpus() or 1)
     got = [next(iterator).tolist() for _ in range(auto.PROBE_BATCHES)]
-    assert isinstance(loader.num_workers, int) and loader.num_workers >= 1  # chosen after the head
+    assert loader.stats().choice is not None and loader.num_workers >= 1  # chosen after the head
     got += [b.tolist() for b in iterator]
     stats = loader.stats()
     head = head_length(loader)
@@ -141,6 +144,17 @@ def test_a_short_first_epoch_chooses_at_its_end() -> None:
     assert batches(loader) == batches(fixed)  # the next epoch, with the chosen workers
 
 
+def test_a_short_first_epoch_chooses_at_its_last_batch() -> None:
+    """A consumer that takes len(loader) batches and stops (Lightning's loops) never asks for
+    the StopIteration; the choice is made when the last batch is handed out."""
+    loader = auto_loader(Busy(n=3 * BATCH))
+    iterator = iter(loader)
+    first = [next(iterator).tolist() for _ in range(len(loader))]
+    assert loader.stats().choice is not None and "median of 3" in loader.stats().choice
+    del iterator
+    assert first == batches(fixed_loader(Busy(n=3 * BATCH), 0))
+
+
 def test_state_saved_in_the_head_and_after_the_move_resumes_exactly() -> None:
     expected = batches(fixed_loader(Busy(), 0))
     for taken in (2, auto.PROBE_BATCHES + 3):
@@ -148,7 +162,7 @@ def test_state_saved_in_the_head_and_after_the_move_resumes_exactly() -> None:
         iterator = iter(loader)
         seen = [next(iterator).tolist() for _ in range(taken)]
         state = loader.state_dict()
-        assert (loader.num_workers == "auto") == (taken < auto.PROBE_BATCHES)
+        assert (loader.stats().choice is None) == (taken < auto.PROBE_BATCHES)
         del iterator
         resumed = auto_loader(Busy())
         resumed.load_state_dict(state)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,8 +21,10 @@ from stoker._core.auto import (
     probe,
     probe_indices,
 )
+from stoker._core.loader import usable_cpus
 
 MAIN_S = 250e-6
+CPUS = usable_cpus() or 1
 
 
 def test_cheap_batches_stay_inline() -> None:
@@ -162,7 +166,8 @@ class Heavy(stoker.Dataset):
 def test_loader_chooses_once_states_it_and_keeps_it(caplog: pytest.LogCaptureFixture) -> None:
     dataset = Lazy(64)
     loader = stoker.DataLoader(dataset, batch_size=8, num_workers="auto", prefetch_factor="auto")
-    assert loader.num_workers == "auto"  # chosen at the first iter()
+    # chosen in the first epoch: until then the counts "auto" starts from
+    assert (loader.num_workers, loader.prefetch_factor) == (auto.start_workers(CPUS), auto.START_PREFETCH)
     with caplog.at_level(logging.INFO, logger="stoker"):
         first = [b for b in loader]
         chosen = (loader.num_workers, loader.prefetch_factor)
@@ -239,3 +244,86 @@ def test_head_chooses_after_enough_batches_or_enough_time() -> None:
     for count in range(1, 11):
         medium.add((4, 64, 0.002, 0.0, 0.002))  # 2 ms batches: timed until they add up to 20 ms
         assert medium.done() == (count * 0.002 >= auto.PROBE_MIN_S - 1e-9)
+
+
+def _auto_loaders(flavour: Any, dataset: Callable[[], Any]) -> dict[str, Any]:
+    """One loader per way of asking for "auto", none iterated yet."""
+
+    class Stream(flavour.IterableDataset):  # type: ignore[misc,name-defined]
+        def __iter__(self) -> Any:
+            return iter(range(8))
+
+    return {
+        "map": flavour.DataLoader(dataset(), batch_size=4, num_workers="auto", prefetch_factor="auto"),
+        "map, persistent": flavour.DataLoader(
+            dataset(), batch_size=4, num_workers="auto", persistent_workers=True, multiprocessing_context="fork"
+        ),
+        "stream": flavour.DataLoader(Stream(), batch_size=4, num_workers="auto", prefetch_factor="auto"),
+        "prefetch only": flavour.DataLoader(dataset(), batch_size=4, num_workers=1, prefetch_factor="auto"),
+    }
+
+
+def _assert_torch_takes(loader: Any) -> None:
+    """torch's own checks accept the loader's counts: its DataLoader is made from them (as
+    accelerate makes one from a loader's attributes), and its worker-count check runs."""
+    tud = pytest.importorskip("torch.utils.data")
+    for value in (loader.num_workers, loader.prefetch_factor):
+        assert value is None or (isinstance(value, int) and value >= 0), value
+    tud.DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        num_workers=loader.num_workers,
+        prefetch_factor=loader.prefetch_factor,
+        persistent_workers=loader.persistent_workers,
+        multiprocessing_context=loader.multiprocessing_context,
+    )
+    tud.DataLoader.check_worker_number_rationality(loader)
+
+
+def test_auto_counts_are_ints_that_torchs_checks_take_before_and_after_the_choice() -> None:
+    torch_flavour = pytest.importorskip("stoker.torch")
+    for name, loader in _auto_loaders(torch_flavour, Heavy).items():
+        given = 1 if name == "prefetch only" else auto.start_workers(CPUS)
+        assert (loader.num_workers, loader.prefetch_factor) == (given, auto.START_PREFETCH), name
+        assert repr(loader.num_workers) == str(given)
+        _assert_torch_takes(loader)
+        list(loader)
+        chosen = loader.stats()
+        assert chosen.choice is not None, name
+        assert (loader.num_workers, loader.prefetch_factor) == (chosen.num_workers, chosen.prefetch_factor), name
+        if loader.num_workers:  # torch refuses prefetch_factor and persistence without workers
+            _assert_torch_takes(loader)
+
+
+def test_a_loader_made_from_an_auto_loaders_attributes_asks_for_auto_again() -> None:
+    """What Lightning and accelerate do: re-create a loader from the attributes of the one the
+    user made. The counts read "auto"'s provisional (or chosen) ints, and the new loader still
+    makes its own choice with them, not a fixed worker count."""
+    for name, loader in _auto_loaders(stoker, lambda: Lazy(16)).items():
+        for when in ("before", "after"):
+            if when == "after":
+                list(loader)
+            again = stoker.DataLoader(
+                loader.dataset, batch_size=4, num_workers=loader.num_workers, prefetch_factor=loader.prefetch_factor
+            )
+            assert isinstance(again.num_workers, int) and isinstance(again.prefetch_factor, int)
+            list(again)
+            assert again.stats().choice is not None, (name, when)
+            given = name == "prefetch only"
+            assert (again.num_workers == 1) if given else again.stats().choice.startswith("num_workers="), name
+    # a plain int made from the count is a given count, as any int is
+    fixed = stoker.DataLoader(Lazy(16), batch_size=4, num_workers=int(again.num_workers))
+    list(fixed)
+    assert fixed.stats().choice is None and type(fixed.num_workers) is int
+
+
+def test_the_doctor_sees_an_auto_loader_as_auto() -> None:
+    """`stoker doctor` measures a loader's fixed setting as its "current" row; an "auto" one
+    (whose counts read ints) has none, and the doctor says what it asked for."""
+    from stoker._tools.doctor.target import describe_target
+
+    for kwargs in ({"num_workers": "auto"}, {"num_workers": 1, "prefetch_factor": "auto"}):
+        target = describe_target("m:f", stoker.DataLoader(Lazy(8), batch_size=4, **kwargs), 4)
+        assert target.current is None and target.auto is not None and "'auto'" in target.auto, kwargs
+    fixed = describe_target("m:f", stoker.DataLoader(Lazy(8), batch_size=4, num_workers=1), 4)
+    assert fixed.current is not None and fixed.auto is None

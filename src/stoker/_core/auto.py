@@ -34,7 +34,18 @@ prefetch factor covers the spread of the probe times (2 when batches take the sa
 up to 8 when some take several times the median), within 5 % of available memory.
 
 An IterableDataset is not probed (its stream is not sampled outside its workers): it
-gets min(U - 1, 8) workers (at least 1).
+gets min(U - 1, 8) workers (at least 1): the count "auto" assumes before it has measured
+anything (`start_workers`).
+
+What the loader's attributes read: `num_workers` and `prefetch_factor` are ints (`Auto`) at all
+times, as torch's are, because frameworks and torch's own checks compare them and pass them on.
+Until the choice they read the counts assumed before measuring (`start_workers`, and prefetch
+2, torch's default), also while a map-style head runs inline: a count of at least 1 keeps them
+a set torch's constructor accepts beside `persistent_workers=True`, a `multiprocessing_context`
+or a given `prefetch_factor`. After it they read the counts chosen. An `Auto` remembers that
+it came from "auto": a DataLoader given one asks for "auto" again, so a loader re-created
+from another's attributes (Lightning injecting its sampler, accelerate's rebuild around a
+shard) makes its own choice instead of taking the provisional count for a given one.
 """
 
 from __future__ import annotations
@@ -68,6 +79,24 @@ NEAR_BEST = 0.95
 MAX_PREFETCH = 8
 PROBE_SIZE = 32  # samples per probe batch when the loader has no batch_size
 ITERABLE_MAX_WORKERS = 8
+START_PREFETCH = 2  # prefetch_factor="auto" before the choice (torch's default), and for a stream
+
+
+class Auto(int):
+    """A count that "auto" gave (`num_workers`, `prefetch_factor`): an int to whatever reads it
+    (comparisons, arithmetic, `isinstance(value, int)`, JSON), and "auto" to a DataLoader it is
+    given to."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+
+def start_workers(cpus: int) -> int:
+    """The worker count "auto" assumes before anything is measured (and gives an
+    IterableDataset): one less than the usable CPUs, at least 1, at most 8."""
+    return min(max(cpus - 1, 1), ITERABLE_MAX_WORKERS)
 
 
 @dataclass(frozen=True)
@@ -190,8 +219,8 @@ def choose(
     """The loader's choice at its first `iter()`: `workers` None means num_workers="auto"
     (else the given count)."""
     if iterable:
-        n = workers if workers is not None else min(max(cpus - 1, 1), ITERABLE_MAX_WORKERS)
-        prefetch = 2 if auto_prefetch else prefetch_factor
+        n = workers if workers is not None else start_workers(cpus)
+        prefetch = START_PREFETCH if auto_prefetch else prefetch_factor
         reason = (
             f"num_workers={n}, prefetch_factor={prefetch if n else None} (auto: an IterableDataset "
             f"is not probed outside its workers; {cpus} usable CPUs)"
@@ -201,9 +230,9 @@ def choose(
     try:
         times, nbytes = probe(dataset, collate_fn, batch, auto_collation)
     except Exception as exc:  # the real fetch reports it, at its batch
-        n = workers if workers is not None else min(max(cpus - 1, 1), ITERABLE_MAX_WORKERS)
+        n = workers if workers is not None else start_workers(cpus)
         reason = f"num_workers={n} (auto: probing a batch raised {type(exc).__name__}; {cpus} usable CPUs)"
-        return Choice(n, (2 if auto_prefetch else prefetch_factor) if n else None, reason)
+        return Choice(n, (START_PREFETCH if auto_prefetch else prefetch_factor) if n else None, reason)
     return decide(times, nbytes, cpus=cpus, workers=workers, prefetch_factor=prefetch_factor, auto_prefetch=auto_prefetch)
 
 

@@ -279,6 +279,10 @@ class LoaderIterator(Generic[T]):
                 if self._head is not None:
                     self._measure(got[1])
                 self._pump()
+                if self._head is not None and scheduler.current_finished():
+                    # a short first epoch's last batch: a consumer that stops after len(loader)
+                    # batches (Lightning's loops) never asks for the StopIteration below
+                    self._choose(start_workers=False)
                 return self._hand_out(*got)
             if scheduler.current_finished():
                 if self._head is not None:  # a short first epoch: the next one uses the choice

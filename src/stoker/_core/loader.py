@@ -31,7 +31,7 @@ from .._data.samplers import (
     native_index_sampler,
 )
 from .arena import Arena, arena_limit
-from .auto import AutoStart, Choice, choose
+from .auto import START_PREFETCH, Auto, AutoStart, Choice, choose, start_workers
 from .bar import require_tqdm
 from .errors import UnshardedWarning
 from .forkserver import prepare_forkserver
@@ -154,7 +154,13 @@ class DataLoader(Generic[T_co]):
     of the epoch goes to the workers chosen from those times and the usable CPUs and memory
     (see `_core/auto.py`). With only `prefetch_factor="auto"`, or an IterableDataset, the
     choice is made at the first `iter()`. It is stated in a log record of the "stoker"
-    logger and in `stats().choice`; `num_workers` reads "auto" until then. `stats` (default True): the live
+    logger and in `stats().choice`. `num_workers` and `prefetch_factor` read ints throughout,
+    as torch's do: until the choice, the counts "auto" assumes before measuring anything
+    (`num_workers`: one less than the usable CPUs, at least 1 and at most 8, what an
+    IterableDataset gets; `prefetch_factor`: 2), after it the counts chosen (0 and None
+    included). Each is an int subclass that remembers "auto": a loader made with the
+    attributes of another (Lightning re-creating it around its sampler, accelerate around a
+    shard) asks for "auto" again and makes its own choice. `stats` (default True): the live
     figures of `stats()`; `progress=True`: a tqdm bar per epoch.
 
     Batches keep numpy as numpy and tensors as tensors (`stoker.default_collate`); the
@@ -167,7 +173,7 @@ class DataLoader(Generic[T_co]):
 
     dataset: Dataset[T_co]
     batch_size: int | None
-    num_workers: int  # "auto" until the first iter() chooses
+    num_workers: int  # with "auto": an `Auto`, the count it starts from until it chooses
     pin_memory: bool | Literal["born"]  # "born": see hostpin
     drop_last: bool
     timeout: float
@@ -207,8 +213,9 @@ class DataLoader(Generic[T_co]):
         stats: bool = True,
         progress: bool = False,
     ) -> None:
-        auto_workers = num_workers == AUTO
-        auto_prefetch = prefetch_factor == AUTO
+        # an `Auto` is a count that "auto" gave another loader (one re-created from its attributes)
+        auto_workers = isinstance(num_workers, Auto) or num_workers == AUTO
+        auto_prefetch = isinstance(prefetch_factor, Auto) or prefetch_factor == AUTO
         if not auto_workers:
             if isinstance(num_workers, str):
                 raise TypeError(f"num_workers should be an int or 'auto', but got num_workers={num_workers!r}")
@@ -289,8 +296,9 @@ class DataLoader(Generic[T_co]):
             )
 
         self.dataset = dataset
-        self.num_workers = num_workers  # type: ignore[assignment]  # "auto": chosen at the first iter()
-        self.prefetch_factor = prefetch_factor  # type: ignore[assignment]
+        # "auto": until the choice, the counts it starts from (ints, as torch's attributes are)
+        self.num_workers = Auto(start_workers(usable_cpus() or 1)) if auto_workers else workers_given
+        self.prefetch_factor = Auto(START_PREFETCH) if auto_prefetch else prefetch_factor  # type: ignore[assignment]
         self._auto = (auto_workers, auto_prefetch) if auto_workers or auto_prefetch else None
         self._choice: str | None = None  # what "auto" chose, and why
         self.pin_memory = pin_memory
@@ -517,9 +525,12 @@ class DataLoader(Generic[T_co]):
 
     def _adopt(self, choice: Choice, iterator: LoaderIterator[Any] | None = None) -> None:
         """Keep the "auto" choice; a persistent iterator that moved to its workers is kept."""
+        assert self._auto is not None
+        auto_workers, auto_prefetch = self._auto
         self._auto = None
-        self.num_workers = choice.num_workers
-        self.prefetch_factor = choice.prefetch_factor
+        self.num_workers = Auto(choice.num_workers) if auto_workers else choice.num_workers
+        prefetch = choice.prefetch_factor
+        self.prefetch_factor = Auto(prefetch) if auto_prefetch and prefetch is not None else prefetch
         self._choice = choice.reason
         if iterator is not None and self.persistent_workers and choice.num_workers > 0:
             self._iterator = iterator
@@ -548,11 +559,12 @@ class DataLoader(Generic[T_co]):
         """What a new iterator needs, read now."""
         self._resolve_auto()
         head = self._head_start() if self._choice_in_epoch() else None
-        workers = 0 if head is not None else self.num_workers
+        workers = 0 if head is not None else int(self.num_workers)
         processes = workers > 0 and not self.thread_pool
         if self._seed_source is None or self._seed_source.generator is not self.generator:
             self._seed_source = RandomSource(self.generator, self._flavour)
-        prefetch = self.prefetch_factor if workers > 0 and self.prefetch_factor is not None else 1
+        given_prefetch = None if self.prefetch_factor is None else int(self.prefetch_factor)
+        prefetch = given_prefetch if workers > 0 and given_prefetch is not None else 1
         return LoadPlan(
             dataset=self.dataset,
             dataset_kind="iterable" if self._iterable else "map",
@@ -581,7 +593,7 @@ class DataLoader(Generic[T_co]):
             first_epoch=self._epochs_started,
             stats=self.stats_enabled,
             progress=self.progress,
-            prefetch_factor=self.prefetch_factor if workers > 0 else None,
+            prefetch_factor=given_prefetch if workers > 0 else None,
             choice=self._choice,
             resume=resume,
             auto=head,

@@ -76,7 +76,7 @@ def rebuild(made: Any, options: dict[str, Any]) -> Any:
         collate_fn = torch_collate.default_convert
     kwargs: dict[str, Any] = {
         "dataset": made.dataset,
-        "num_workers": made.num_workers,
+        "num_workers": made.num_workers,  # an `Auto` when the original asked for "auto": asked again
         "collate_fn": collate_fn,
         "pin_memory": made.pin_memory,
         "timeout": made.timeout,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._core import seeding
+from ..._core.auto import Auto
 from ..._core.loader import start_method_of
 from ..._data.datasets import is_iterable_dataset
 
@@ -271,7 +272,8 @@ def describe_target(spec: str, obj: Any, batch_size: int) -> Target:
     # no fixed setting to measure as the current one
     current = None
     workers, prefetch = obj.num_workers, obj.prefetch_factor
-    if isinstance(workers, int) and (workers == 0 or isinstance(prefetch, int)):
+    asked = ("auto" if isinstance(workers, Auto) else workers, "auto" if isinstance(prefetch, Auto) else prefetch)
+    if "auto" not in asked and (workers == 0 or isinstance(prefetch, int)):
         current = Config(workers, bool(getattr(obj, "thread_pool", False)), prefetch if workers else None)
     dataset = obj.dataset
     iterable = is_iterable_dataset(dataset)
@@ -292,5 +294,5 @@ def describe_target(spec: str, obj: Any, batch_size: int) -> Target:
         seed_each_batch=bool(getattr(obj, "seed_each_batch", False)),
         in_order=bool(getattr(obj, "in_order", True)),
         current=current,
-        auto=None if current is not None else f"num_workers={workers!r}, prefetch_factor={prefetch!r}",
+        auto=None if current is not None else f"num_workers={asked[0]!r}, prefetch_factor={asked[1]!r}",
     )
