@@ -539,8 +539,6 @@ class SlotPool:
         what stays held is what the user keeps, array by array, as with torch's tensors."""
         views: list[Any] = []
         counts: dict[int, int] = {}
-        for slot_id in {leaf[0] for leaf in leaves}:
-            self.punched.pop(slot_id, None)  # written again
         for slot_id, offset, dtype, shape, nbytes, as_tensor in leaves:
             if nbytes <= COPY_OUT_BYTES:
                 whole = self.whole.get(slot_id)
@@ -549,14 +547,18 @@ class SlotPool:
                 array = whole[offset : offset + nbytes].view(dtype).reshape(shape).copy()
             else:
                 owner = np.frombuffer(self.maps[slot_id], dtype=np.uint8, count=nbytes, offset=offset)
-                refs = self.leaf_refs.get(slot_id)
-                if refs is None or slot_id not in counts:
-                    refs = self.leaf_refs[slot_id] = []
-                refs.append(weakref.ref(owner, _LeafReturn(slot_id, offset, offset + nbytes, self.returned)))
-                counts[slot_id] = counts.get(slot_id, 0) + 1
+                back = weakref.ref(owner, _LeafReturn(slot_id, offset, offset + nbytes, self.returned))
+                if slot_id in counts:
+                    counts[slot_id] += 1
+                    self.leaf_refs[slot_id].append(back)
+                else:
+                    counts[slot_id] = 1
+                    self.leaf_refs[slot_id] = [back]
                 array = owner.view(dtype).reshape(shape)
             views.append(_as_tensor(array) if as_tensor else array)
         for slot_id in {leaf[0] for leaf in leaves}:
+            if self.punched:
+                self.punched.pop(slot_id, None)  # written again
             if slot_id in counts:
                 self.live[slot_id] = counts[slot_id]
             else:  # every leaf was copied out: the slot is free again at once
