@@ -4,6 +4,7 @@ num_workers="auto" against the best hand-picked setting, and the issue's targets
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -159,13 +160,28 @@ def targets(rows: list[Result], ceiling: float, ceiling2: float | None = None) -
                     f"{'imported' if imported else 'not imported'}{flag} (target < {TORCH_FREE_MAX_S:g} s)",
                 }
             )
+    # by default an epoch starts at iter(), as torch's: its gap is compared with torch's in
+    # time; the next-epoch prefetch (auto_reload=True) is what hides it within a batch gap
     gap = _find(rows, "W6", "stoker.torch", 2, "gap")
+    torch_gap = _find(rows, "W6", "torch", 2, "gap")
+    if gap is not None and torch_gap is not None:
+        seconds = statistics.median(gap.extra["gap_s"])
+        theirs = statistics.median(torch_gap.extra["gap_s"])
+        out.append(
+            {
+                "target": "W6 epoch boundary at iter() (default): last batch of epoch k to first of k+1",
+                "met": seconds <= theirs,
+                "value": seconds / theirs if theirs > 0 else math.inf,
+                "shown": f"{seconds * 1e3:.2f} ms against torch's {theirs * 1e3:.2f} ms (target <= torch's)",
+            }
+        )
+    gap = _find(rows, "W6", "stoker.torch", 2, "gap auto_reload")
     if gap is not None:
         seconds = statistics.median(gap.extra["gap_s"])
         batch = statistics.median(gap.extra["median_gap_s"])
         out.append(
             {
-                "target": "W6 epoch boundary: last batch of epoch k to first of k+1",
+                "target": "W6 epoch boundary with auto_reload=True: last batch of epoch k to first of k+1",
                 "met": gap.median <= 1.0,
                 "value": gap.median,
                 "shown": f"{seconds * 1e3:.2f} ms = {gap.median:.2f} median batch gaps "
