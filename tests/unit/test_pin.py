@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import gc
 import signal
 import sys
@@ -208,6 +209,22 @@ def test_duplicate_pending_key_is_refused(threads):
     assert pt.take(0, timeout=SETTLE_S) == Pinned("c")
 
 
+@contextlib.contextmanager
+def ctrl_c_after(seconds: float):
+    """KeyboardInterrupt in the main thread after `seconds`, as Ctrl-C would raise it."""
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 @pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs SIGALRM timers")
 def test_ctrl_c_interrupts_a_waiting_take(threads):
     assert threading.current_thread() is threading.main_thread()
@@ -215,19 +232,10 @@ def test_ctrl_c_interrupts_a_waiting_take(threads):
     pt = threads(Recorder(hold))
     pt.submit(0, "a")
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGALRM, interrupt)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.2)
-        start = time.monotonic()
-        with pytest.raises(KeyboardInterrupt):
-            pt.take(0)  # no timeout: only the interrupt can end this wait
-        assert time.monotonic() - start < 2.0
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    start = time.monotonic()
+    with ctrl_c_after(0.2), pytest.raises(KeyboardInterrupt):
+        pt.take(0)  # no timeout: only the interrupt can end this wait
+    assert time.monotonic() - start < 2.0
     hold.set()  # the interrupted take left the pin thread usable
     assert pt.take(0, timeout=SETTLE_S) == Pinned("a")
 
@@ -264,17 +272,8 @@ def test_ctrl_c_during_wait_keeps_the_batch(threads):
     pt = threads(Recorder(hold))
     pt.submit(0, "a")
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGALRM, interrupt)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.2)
-        with pytest.raises(KeyboardInterrupt):
-            pt.wait(0)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+    with ctrl_c_after(0.2), pytest.raises(KeyboardInterrupt):
+        pt.wait(0)
     assert pt.pending == 1
     hold.set()
     assert pt.take(0, timeout=SETTLE_S) == Pinned("a")
