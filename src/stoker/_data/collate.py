@@ -360,11 +360,36 @@ default_collate_fn_map: CollateFnMap = {
     bytes: collate_as_list,
     type(None): collate_as_list,
 }
+"""The functions `default_collate` dispatches to, keyed by sample type.
+
+A key is a type or a tuple of types; a value is called as `fn(batch, collate_fn_map=...)`.
+Copy it, add your types, and pass the copy to `collate` to extend `default_collate`.
+"""
 
 
 def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
     """Collate `batch` with the functions registered in `collate_fn_map`, recursing into
-    containers (type-preserving: a tuple stays a tuple)."""
+    containers (type-preserving: a tuple stays a tuple).
+
+    The first sample's type picks the function: its exact type first, then `isinstance`
+    in the map's order. Torch tensors are stacked; mappings, namedtuples, dataclasses and
+    sequences are collated field by field and rebuilt with their own type.
+
+    Args:
+        batch: The samples, a non-empty sequence.
+        collate_fn_map: Functions keyed by sample type (see `default_collate_fn_map`);
+            None collates only tensors and containers. Defaults to None.
+
+    Returns:
+        The batch, with the samples' structure.
+
+    Raises:
+        ValueError: when the batch is empty, or samples do not line up (arrays of
+            different shapes, sequences of different lengths); the message names the
+            path inside the sample.
+        TypeError: when a sample holds a type nothing collates, or types differ across
+            samples.
+    """
     if len(batch) == 0:
         raise CollateValueError("cannot collate an empty batch")
     elem = batch[0]
@@ -388,12 +413,31 @@ def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None)
 def default_collate(batch: Sequence[Any]) -> Any:
     """Stack a list of samples into a batch, keeping numpy as numpy and tensors as tensors.
 
-    Raises CollateTypeError (a TypeError) for unsupported or mixed types and
-    CollateValueError (a ValueError) for ragged samples; both name the path in the sample.
+    numpy arrays and tensors are stacked on a new first axis, Python numbers become numpy
+    arrays, strings, bytes and None stay lists; containers keep their type.
+
+    Args:
+        batch: The samples, a non-empty sequence.
+
+    Returns:
+        The batch, with the samples' structure.
+
+    Raises:
+        TypeError: when a sample holds an unsupported type, or types differ across
+            samples; the message names the path inside the sample.
+        ValueError: when the batch is empty, or samples are ragged (arrays of different
+            shapes, sequences of different lengths); the message names the path.
     """
     return collate(batch, collate_fn_map=default_collate_fn_map)
 
 
 def default_convert(data: Any) -> Any:
-    """The `batch_size=None` conversion: type-preserving, so samples pass through unchanged."""
+    """The `batch_size=None` conversion: type-preserving, so samples pass through unchanged.
+
+    Args:
+        data: One sample.
+
+    Returns:
+        `data` itself.
+    """
     return data

@@ -17,8 +17,12 @@ T = TypeVar("T")
 
 
 class Dataset(Generic[T_co]):
-    """A map-style dataset: `dataset[i]` is sample i. Subclasses define `__getitem__`
-    (and usually `__len__`); `__getitems__(indices)` may fetch a whole batch at once."""
+    """A map-style dataset: `dataset[i]` is sample i.
+
+    Subclasses define `__getitem__` (and usually `__len__`, which the default samplers
+    need); `__getitems__(indices)` may fetch a whole batch at once, and the DataLoader
+    calls it when it exists. `dataset + other` is a `ConcatDataset` of the two.
+    """
 
     def __getitem__(self, index: Any) -> T_co:
         raise NotImplementedError("Subclasses of Dataset should implement __getitem__.")
@@ -28,8 +32,12 @@ class Dataset(Generic[T_co]):
 
 
 class IterableDataset(Dataset[T_co], Iterable[T_co]):
-    """A dataset read as a stream. With workers, each worker iterates its own replica:
-    shard it with `get_worker_info()` to avoid duplicates."""
+    """A dataset read as a stream: subclasses define `__iter__`.
+
+    With workers, each worker iterates its own replica of the dataset: shard it with
+    `get_worker_info()` (or `shard_for`) so that each sample is read once.
+    `dataset + other` is a `ChainDataset` of the two.
+    """
 
     def __iter__(self) -> Iterator[T_co]:
         raise NotImplementedError("Subclasses of IterableDataset should implement __iter__.")
@@ -61,7 +69,15 @@ def _length(obj: Any) -> int:
 
 
 class TensorDataset(Dataset[tuple[Any, ...]]):
-    """Sample i is `tuple(t[i] for t in tensors)`; numpy arrays or torch tensors."""
+    """Sample i is `tuple(t[i] for t in tensors)`.
+
+    Args:
+        *tensors: Numpy arrays or torch tensors with the same first dimension.
+
+    Raises:
+        ValueError: when no tensor is given, or when the first dimensions differ (the
+            error is also an `AssertionError`, which torch raises there).
+    """
 
     def __init__(self, *tensors: Any) -> None:
         if not tensors:
@@ -79,7 +95,15 @@ class TensorDataset(Dataset[tuple[Any, ...]]):
 
 
 class ArrayDataset(Dataset[Any]):
-    """MXNet's ArrayDataset: one array (or list) gives its items; several give tuples."""
+    """MXNet's ArrayDataset: one array (or list) gives its items; several give tuples.
+
+    Args:
+        *arrays: Arrays, tensors or lists of the same length. With one, sample i is
+            `arrays[0][i]`; with several, `tuple(a[i] for a in arrays)`.
+
+    Raises:
+        ValueError: when no array is given, or when the lengths differ.
+    """
 
     def __init__(self, *arrays: Any) -> None:
         if not arrays:
@@ -100,7 +124,19 @@ class ArrayDataset(Dataset[Any]):
 
 
 class ConcatDataset(Dataset[T_co]):
-    """Several map-style datasets one after another."""
+    """Several map-style datasets one after another.
+
+    Index i falls in the first dataset whose running total of lengths exceeds it
+    (`cumulative_sizes` holds those totals); negative indices count from the end.
+
+    Args:
+        datasets: The map-style datasets, each with a `__len__`.
+
+    Raises:
+        ValueError: when `datasets` is empty (also an `AssertionError`, as in torch).
+        TypeError: when one of them is an iterable dataset: use `ChainDataset` (also an
+            `AssertionError`, as in torch).
+    """
 
     def __init__(self, datasets: Iterable[Dataset[T_co]]) -> None:
         self.datasets = list(datasets)
@@ -130,7 +166,18 @@ class ConcatDataset(Dataset[T_co]):
 
 
 class ChainDataset(IterableDataset[T_co]):
-    """Several iterable datasets one after another."""
+    """Several iterable datasets one after another.
+
+    The datasets are checked as they are iterated (and by `len()`), not when the chain is
+    made, as in torch.
+
+    Args:
+        datasets: The iterable datasets, iterated in order.
+
+    Raises:
+        TypeError: on iteration or `len()`, when one of them is a map-style dataset: use
+            `ConcatDataset` (also an `AssertionError`, as in torch).
+    """
 
     def __init__(self, datasets: Iterable[Dataset[T_co]]) -> None:
         self.datasets = datasets
@@ -163,6 +210,15 @@ class Subset(Dataset[T_co]):
     overrides `__getitem__` must override `__getitems__` too; one that does not is refused
     when it is made (NotImplementedError, as torch does), rather than having its
     `__getitem__` silently bypassed. `__getitems__` may simply call `__getitem__` per index.
+
+    Args:
+        dataset: The map-style dataset to take samples from.
+        indices: The indices in `dataset` of the subset's samples, in order: sample i of
+            the subset is `dataset[indices[i]]`.
+
+    Raises:
+        NotImplementedError: when a subclass overrides `__getitem__` but not
+            `__getitems__`.
     """
 
     def __init__(self, dataset: Dataset[T_co], indices: Sequence[int]) -> None:
@@ -197,7 +253,18 @@ class Subset(Dataset[T_co]):
 
 class StackDataset(Dataset[Any]):
     """Samples of several equal-length datasets side by side: a tuple (`*args`) or a dict
-    (`**kwargs`)."""
+    (`**kwargs`).
+
+    Args:
+        *args: Datasets whose samples make tuples: sample i is
+            `tuple(d[i] for d in args)`.
+        **kwargs: Datasets whose samples make dicts: sample i is
+            `{k: d[i] for k, d in kwargs.items()}`.
+
+    Raises:
+        ValueError: when both `args` and `kwargs` are given, when neither is, or when
+            the datasets' lengths differ.
+    """
 
     def __init__(self, *args: Dataset[Any], **kwargs: Dataset[Any]) -> None:
         if args and kwargs:
@@ -274,7 +341,24 @@ def random_split(
 ) -> list[Subset[T]]:
     """Split a dataset into non-overlapping random subsets of the given lengths or fractions.
 
-    With a torch.Generator the subsets equal torch's `random_split` exactly.
+    With a torch.Generator the subsets equal torch's `random_split` exactly. Fractions
+    are floored, and the samples left over are given one each to the subsets in turn,
+    from the first, as torch does; a split of length 0 warns.
+
+    Args:
+        dataset: The map-style dataset to split; it needs a `__len__`.
+        lengths: The subsets' lengths, summing to `len(dataset)`, or fractions
+            summing to 1.
+        generator: Where the permutation comes from: an int seed, a
+            `numpy.random.Generator` or a `torch.Generator`; None draws from numpy's
+            global RNG (torch's in `stoker.torch`). Defaults to None.
+
+    Returns:
+        One `Subset` per entry of `lengths`, in that order.
+
+    Raises:
+        ValueError: when a fraction is outside [0, 1], when a length is not a
+            non-negative int, or when the lengths do not sum to `len(dataset)`.
     """
     sizes = _split_lengths(len(dataset), lengths)  # type: ignore[arg-type]
     order = RandomSource(generator, _flavour).draws().permutation(sum(sizes))

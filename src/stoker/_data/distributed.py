@@ -80,22 +80,25 @@ class DistributedSampler(Sampler[int]):
     that does not divide evenly is dropped. Call `set_epoch` before each epoch.
 
     Args:
-        dataset: the map-style dataset; only its length is read.
-        num_replicas: the number of ranks (int > 0). Default None: torch.distributed's world
-            size when it is initialised, else the `WORLD_SIZE` environment variable, else 1.
-        rank: this rank (0 <= rank < num_replicas). Default None: torch.distributed's rank,
-            else `RANK`, else 0.
-        shuffle: shuffle the indices each epoch from `seed + epoch` (default True).
-        seed: the shuffling seed, an int (default 0, as torch's). None means the same default
-            seed, 0: a seed that differs between ranks, drawn or agreed, would need the ranks
-            to communicate inside this constructor, which stoker never does.
-        drop_last: drop the tail that does not divide evenly by `num_replicas` (default
-            False: repeat indices to pad it).
+        dataset: The map-style dataset; only its length is read.
+        num_replicas: The number of ranks (int > 0). None means torch.distributed's world
+            size when it is initialised, else the `WORLD_SIZE` environment variable, else
+            1. Defaults to None.
+        rank: This rank (0 <= rank < num_replicas). None means torch.distributed's rank,
+            else the `RANK` environment variable, else 0. Defaults to None.
+        shuffle: Shuffle the indices each epoch from `seed + epoch`. Defaults to True.
+        seed: The shuffling seed, an int (0 as in torch). None means the same default
+            seed, 0: a seed that differs between ranks, drawn or agreed, would need the
+            ranks to communicate inside this constructor, which stoker never does.
+            Defaults to 0.
+        drop_last: Drop the tail that does not divide evenly by `num_replicas`; when
+            False, indices are repeated to pad it. Defaults to False.
 
     Raises:
-        ValueError: `num_replicas` is not a positive int, or `rank` is outside
-            [0, num_replicas - 1] (torch's wording).
-        TypeError: `seed` is neither an int nor None.
+        ValueError: when `num_replicas` is not a positive int, when `rank` is outside
+            [0, num_replicas - 1] (torch's wording), or when `WORLD_SIZE` or `RANK` is
+            read and is not an integer.
+        TypeError: when `seed` is neither an int nor None.
     """
 
     _flavour = "numpy"
@@ -159,9 +162,18 @@ class DistributedSampler(Sampler[int]):
         return indices[:total]
 
     def resume_elastic(self, consumed: int, old_replicas: int, old_total: int) -> None:
-        """The next iteration is the rest of an epoch that `old_replicas` ranks (another world
-        size) had each consumed `consumed` samples of: the samples none of them took, split
-        over this world's ranks; the epochs after are ordinary."""
+        """Make the next iteration the rest of an epoch begun under another world size.
+
+        `old_replicas` ranks had each consumed `consumed` samples of the epoch; the next
+        iteration gives the samples none of them took, split over this world's ranks.
+        The epochs after are ordinary. Every rank must make the same call.
+
+        Args:
+            consumed: How many samples each old rank had consumed of the epoch.
+            old_replicas: The old world size (the number of ranks then).
+            old_total: The old sampler's `total_size` (padded or truncated length of the
+                epoch under the old world size).
+        """
         self._elastic = (int(consumed), int(old_replicas), int(old_total))
 
     _elastic: tuple[int, int, int] | None = None
@@ -194,8 +206,20 @@ class DistributedSampler(Sampler[int]):
         return self.num_samples
 
     def set_epoch(self, epoch: int) -> None:
-        """The epoch whose order the next iteration gives (shuffle is seeded with seed + epoch)."""
+        """Set the epoch whose order the next iteration gives.
+
+        The shuffle is seeded with `seed + epoch`: call this before each epoch, with the
+        same value on every rank, or every epoch repeats the same order.
+
+        Args:
+            epoch: The epoch number.
+        """
         self.epoch = epoch
 
     def state_dict(self) -> dict[str, Any]:
+        """The sampler's state: what fixes the order of the current epoch.
+
+        Returns:
+            A dict with `epoch` and `seed`.
+        """
         return {"epoch": self.epoch, "seed": self.seed}

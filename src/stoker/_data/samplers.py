@@ -28,7 +28,14 @@ def _positive_int(value: Any, name: str) -> None:
 
 
 class Sampler(Generic[T_co]):
-    """Base class: an iterable over indices (or batches of indices) of a dataset."""
+    """Base class: an iterable over indices (or batches of indices) of a dataset.
+
+    Subclasses define `__iter__`, and `__len__` where the length is known.
+
+    Args:
+        data_source: Accepted and ignored, as in torch (kept for subclasses that pass
+            it on). Defaults to None.
+    """
 
     def __init__(self, data_source: Sized | None = None) -> None:
         pass
@@ -38,7 +45,12 @@ class Sampler(Generic[T_co]):
 
 
 class SequentialSampler(Sampler[int]):
-    """Indices 0, 1, ..., len(data_source) - 1, in order."""
+    """Indices 0, 1, ..., len(data_source) - 1, in order.
+
+    Args:
+        data_source: The dataset (anything with a `__len__`), read for its length at
+            each epoch.
+    """
 
     def __init__(self, data_source: Sized) -> None:
         self.data_source = data_source
@@ -56,8 +68,24 @@ class SequentialSampler(Sampler[int]):
 class RandomSampler(Sampler[int]):
     """A random order of the dataset's indices; with `replacement`, `num_samples` draws.
 
-    `generator` may be a numpy Generator, an int seed or a torch.Generator (torch's exact
-    sequence). Without one, each epoch is seeded from the flavour's global RNG.
+    The epoch's order is drawn at its iterator's first step, as in torch.
+
+    Args:
+        data_source: The dataset (anything with a `__len__`).
+        replacement: Draw `num_samples` indices independently (with repeats) instead of
+            permuting. Defaults to False.
+        num_samples: How many indices an epoch yields; None means `len(data_source)`.
+            Without replacement, a number above the length yields whole permutations
+            one after another. Defaults to None.
+        generator: Where the order comes from: an int seed, a `numpy.random.Generator`, or a
+            `torch.Generator` (then the sequence is torch's exactly, for the same seed).
+            None seeds each epoch from the flavour's global RNG (numpy's; torch's in
+            `stoker.torch`). Defaults to None.
+
+    Raises:
+        TypeError: when `replacement` is not a bool, or `generator` is of another kind.
+        ValueError: when `num_samples` is not a positive int, when the dataset is empty
+            and `num_samples` is None, or when an int seed is negative.
     """
 
     _flavour = "numpy"
@@ -91,6 +119,7 @@ class RandomSampler(Sampler[int]):
 
     @property
     def num_samples(self) -> int:
+        """The number of indices an epoch yields."""
         return len(self.data_source) if self._num_samples is None else int(self._num_samples)
 
     def __iter__(self) -> Iterator[int]:
@@ -115,7 +144,19 @@ class RandomSampler(Sampler[int]):
 
 
 class SubsetRandomSampler(Sampler[int]):
-    """The given indices in a random order, without replacement."""
+    """The given indices in a random order, without replacement.
+
+    Args:
+        indices: The indices to permute; each epoch yields all of them once.
+        generator: Where the order comes from: an int seed, a `numpy.random.Generator`, or a
+            `torch.Generator` (then the sequence is torch's exactly, for the same seed).
+            None draws from the flavour's global RNG (numpy's; torch's in
+            `stoker.torch`). Defaults to None.
+
+    Raises:
+        TypeError: when `generator` is of another kind.
+        ValueError: when an int seed is negative.
+    """
 
     _flavour = "numpy"
 
@@ -147,7 +188,25 @@ class SubsetRandomSampler(Sampler[int]):
 
 
 class WeightedRandomSampler(Sampler[int]):
-    """`num_samples` indices drawn with probability proportional to `weights`."""
+    """`num_samples` indices drawn with probability proportional to `weights`.
+
+    Args:
+        weights: One non-negative, finite weight per index (a sequence, an array or a
+            tensor), not all zero; they need not sum to 1.
+        num_samples: How many indices an epoch yields.
+        replacement: Draw with replacement (an index may repeat). Without it, an index
+            appears at most once. Defaults to True.
+        generator: Where the draws come from: an int seed, a `numpy.random.Generator`, or a
+            `torch.Generator` (then the sequence is torch's exactly, for the same seed).
+            None draws from the flavour's global RNG (numpy's; torch's in
+            `stoker.torch`). Defaults to None.
+
+    Raises:
+        ValueError: when `num_samples` is not a positive int, `replacement` is not a
+            bool, `weights` is not 1-d, has a negative or non-finite value or sums to 0,
+            or when `num_samples` exceeds the non-zero weights without replacement.
+        TypeError: when `generator` is of another kind.
+    """
 
     _flavour = "numpy"
 
@@ -204,6 +263,19 @@ class BatchSampler(Sampler[list[int]]):
     `last_batch` says what happens to a short final batch: 'keep' it (the default,
     `drop_last=False`), 'discard' it (`drop_last=True`), or 'rollover' (MXNet): carry its
     indices into the first batch of the next epoch.
+
+    Args:
+        sampler: The sampler (or any iterable of indices) to group.
+        batch_size: The number of indices in a batch.
+        drop_last: Drop the short final batch of an epoch; the same as
+            `last_batch='discard'`. Defaults to False.
+        last_batch: 'keep', 'discard' or 'rollover'; None means what `drop_last` says.
+            Defaults to None.
+
+    Raises:
+        ValueError: when `batch_size` is not a positive int, `drop_last` is not a bool,
+            `last_batch` is not one of the three, or `drop_last=True` comes with a
+            `last_batch` other than 'discard'.
     """
 
     def __init__(
@@ -238,9 +310,20 @@ class BatchSampler(Sampler[list[int]]):
         return list(self._leftover)
 
     def state_dict(self) -> dict[str, Any]:
+        """The sampler's state across epochs: the rollover indices.
+
+        Returns:
+            A dict with `rollover_indices`, the indices carried into the next epoch
+            (empty unless `last_batch='rollover'`).
+        """
         return {"rollover_indices": list(self._leftover)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned.
+
+        Args:
+            state: A dict from `state_dict`; a missing `rollover_indices` means none.
+        """
         self._leftover = [int(i) for i in state.get("rollover_indices", [])]
 
     def _iter_from(self, skip: int) -> Iterator[list[int]]:

@@ -239,14 +239,40 @@ def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None)
 
 
 def default_collate(batch: Sequence[Any]) -> Any:
-    """torch's `default_collate`: a list of samples becomes a batch of tensors."""
+    """torch's `default_collate`: a list of samples becomes a batch of tensors.
+
+    numpy arrays, numpy scalars and Python numbers become tensors, tensors are stacked,
+    tuples become lists, strings stay lists; mappings, namedtuples and sequences recurse.
+    The result equals torch's for the same samples.
+
+    Args:
+        batch: The samples, a non-empty sequence.
+
+    Returns:
+        The batch, with the samples' structure.
+
+    Raises:
+        TypeError: when a sample holds a type torch does not collate.
+        RuntimeError: when samples are ragged (tensors of different shapes, sequences
+            of different lengths); the message names the path inside the sample.
+    """
     if _deferring and "torch" not in sys.modules:
         return collate(batch, collate_fn_map=_torch_free_map)
     return collate(batch, collate_fn_map=default_collate_fn_map())
 
 
 def default_convert(data: Any) -> Any:
-    """torch's `default_convert` (`batch_size=None`): numpy arrays and scalars become tensors."""
+    """torch's `default_convert` (`batch_size=None`): numpy arrays and scalars become tensors.
+
+    Containers are converted element by element; arrays of strings or objects, and
+    anything else, pass through unchanged.
+
+    Args:
+        data: One sample.
+
+    Returns:
+        The sample, its numpy leaves turned into tensors.
+    """
     import torch
 
     elem_type = type(data)
