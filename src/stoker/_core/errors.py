@@ -20,7 +20,16 @@ _MAX_INDICES_SHOWN = 16
 
 
 class WorkerError(RuntimeError):
-    """A worker raised an exception whose type cannot be rebuilt in the main process."""
+    """A worker raised an exception whose type cannot be rebuilt in the main process.
+
+    Most exceptions a worker raises are re-raised as their own type; this one stands in
+    for those that cannot be (their type does not pickle or take a message, or they are
+    `StopIteration` or a `BaseException`). The worker's traceback is its `__cause__`.
+
+    Args:
+        message: What happened, naming the worker, its pid and the sample indices.
+        type_name: The name of the original exception's type. Defaults to "".
+    """
 
     def __init__(self, message: str, type_name: str = "") -> None:
         super().__init__(message)
@@ -30,9 +39,17 @@ class WorkerError(RuntimeError):
 class WorkerDiedError(RuntimeError):
     """A DataLoader worker process exited or was killed while the loader needed it.
 
-    Attributes: `worker_id`, `pid`, `exitcode` (negative: killed by signal `-exitcode`),
-    and, when the worker owed one, `batch` (its number in the epoch) and `index` (what it
-    fetched: the sample indices of that batch).
+    The loader raises it; each argument is kept as the attribute of the same name.
+
+    Args:
+        worker_id: The worker's number.
+        pid: The worker's process id, None if it never started.
+        exitcode: How it ended: its exit code, negative when killed by signal
+            `-exitcode`, None when it stopped responding.
+        detail: Text appended to the message (what the worker was doing). Defaults to "".
+        batch: When the worker owed a batch, its number in the epoch. Defaults to None.
+        index: When the worker owed a batch, what it fetched: the sample indices of
+            that batch. Defaults to None.
     """
 
     def __init__(
@@ -56,7 +73,10 @@ class WorkerDiedError(RuntimeError):
 
 
 class WorkerRestartWarning(RuntimeWarning):
-    """A worker process died and was replaced (`max_worker_restarts`); nothing was lost."""
+    """A worker process died and was replaced (`max_worker_restarts`); nothing was lost.
+
+    Warned once per restart, naming the worker, its exit and the batch it was refetching.
+    """
 
 
 class RemoteTraceback(Exception):
@@ -186,4 +206,8 @@ class ExceptionInfo:
 
 class UnshardedWarning(UserWarning):
     """Several training ranks run and a DataLoader's sampler does not split the dataset by
-    rank, so every rank reads all of it (see `DataLoader`'s first `iter()`)."""
+    rank, so every rank reads all of it.
+
+    Warned at a loader's first `iter()`; give it a `DistributedSampler` (or shard an
+    IterableDataset with `shard_for`) to read each sample once across ranks.
+    """

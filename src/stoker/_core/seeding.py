@@ -182,7 +182,15 @@ def sample_seed() -> int:
     `num_workers` is. With `__getitems__`, and in the collate_fn, it is the batch's seed
     (base seed, epoch, batch position); in an IterableDataset, the item's (base seed, epoch,
     worker id, number of items the replica drew before it). Calling it again for the same
-    sample returns the same seed. Raises RuntimeError outside a fetch.
+    sample returns the same seed.
+
+    Returns:
+        The seed, an int in [0, 2**64).
+
+    Raises:
+        RuntimeError: when called outside a fetch (outside `__getitem__`, `__getitems__`,
+            an IterableDataset's iteration or the collate_fn), e.g. in `worker_init_fn`:
+            use `get_worker_info().seed` there.
     """
     return _scope("sample_seed").seed()
 
@@ -191,7 +199,14 @@ def sample_rng() -> np.random.Generator:
     """A numpy Generator for the sample being fetched, seeded as `sample_seed()` describes.
 
     Calls within one sample return the same Generator, so its stream continues rather
-    than restarting. Raises RuntimeError outside a fetch.
+    than restarting.
+
+    Returns:
+        A `numpy.random.Generator` (PCG64) for the sample being fetched.
+
+    Raises:
+        RuntimeError: when called outside a fetch (outside `__getitem__`, `__getitems__`,
+            an IterableDataset's iteration or the collate_fn).
     """
     return _scope("sample_rng").rng()
 

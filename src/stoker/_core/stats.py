@@ -31,7 +31,20 @@ clock = time.perf_counter
 @dataclass(frozen=True)
 class WorkerStats:
     """One worker's figures since the iterator's epoch began (with `num_workers=0`: the
-    main process, which fetches inline)."""
+    main process, which fetches inline).
+
+    The loader makes it; `LoaderStats.workers` holds one per worker.
+
+    Args:
+        worker: The worker's number.
+        pid: The worker's process id; None for a thread worker (or the main process).
+        batches: The batches it made (received by the main process).
+        busy_s: Seconds it spent fetching, collating and sending.
+        fetch_s: Seconds in the dataset (`__getitem__`, `__getitems__` or the replica's
+            iterator).
+        collate_s: Seconds in the collate_fn.
+        restarts: The times it was replaced after dying (`max_worker_restarts`).
+    """
 
     worker: int
     pid: int | None  # None: a thread worker
@@ -49,6 +62,26 @@ class LoaderStats:
 
     `readiness` is 1 - wait_s / elapsed_s: the share of the time the consumer did not wait
     for the loader (1.0: it never waited; low: the loader is the bottleneck).
+
+    The loader makes it: `DataLoader.stats()` (or the iterator's `stats()`) returns one.
+    `str()` gives a one-line summary; `as_dict()` plain values for logging.
+
+    Args:
+        epoch: The loader's epoch number.
+        batches: The batches handed to the consumer.
+        samples: The samples in those batches.
+        bytes: The bytes of the numpy arrays and tensors in those batches.
+        elapsed_s: Seconds since `iter()`; frozen when the epoch ends or the iterator
+            stops.
+        wait_s: Seconds the consumer spent inside `iter()` and `next()`.
+        readiness: 1 - wait_s / elapsed_s.
+        ready: The batches that have arrived and are not handed out yet.
+        workers: One `WorkerStats` per worker (the main process's with num_workers=0).
+        num_workers: The loader's number of workers.
+        prefetch_factor: The loader's prefetch factor (None with num_workers=0).
+        thread_pool: Whether the workers are threads rather than processes.
+        choice: What `num_workers="auto"` or `prefetch_factor="auto"` chose, and why;
+            None when neither was asked for. Defaults to None.
     """
 
     epoch: int  # the loader's epoch number
@@ -67,10 +100,12 @@ class LoaderStats:
 
     @property
     def samples_per_s(self) -> float:
+        """Samples handed to the consumer per second of elapsed time."""
         return self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
     def bytes_per_s(self) -> float:
+        """Array bytes handed to the consumer per second of elapsed time."""
         return self.bytes / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
@@ -81,7 +116,12 @@ class LoaderStats:
         return sum(w.busy_s for w in self.workers) / (len(self.workers) * self.elapsed_s)
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain values for logging (JSON-serialisable), with the derived rates."""
+        """Plain values for logging (JSON-serialisable), with the derived rates.
+
+        Returns:
+            The fields as a dict, `workers` as a list of dicts, plus `samples_per_s`,
+            `bytes_per_s` and `workers_busy`.
+        """
         out = asdict(self)
         out["workers"] = [asdict(w) for w in self.workers]
         out["samples_per_s"] = self.samples_per_s

@@ -66,6 +66,7 @@ class WorkerRNG:
 
     @property
     def torch_generator(self) -> Any:
+        """A `torch.Generator` seeded with the worker's seed, made on first use."""
         if self._torch is None:
             import torch
 
@@ -87,6 +88,25 @@ class WorkerInfo(Generic[T_co]):
     DistributedSampler's, else torchrun's RANK / WORLD_SIZE, else 0 and 1), so that an
     IterableDataset can shard over ranks x workers (see `shard_for`); `local_rank` is
     torchrun's LOCAL_RANK, None without it. `seed` differs for every (rank, worker).
+
+    The loader makes it; user code reads it (in `worker_init_fn`, a dataset's `__iter__`
+    or `__getitem__`) through `get_worker_info()`.
+
+    Args:
+        id: This worker's number, 0 <= id < num_workers.
+        num_workers: The number of workers of the loader.
+        seed: This worker's seed: the iterator's base seed + worker id on rank 0 (as in
+            torch), the next numbers on the other ranks.
+        dataset: This worker's copy of the dataset (in a process worker, a replica; in a
+            thread worker, the loader's own object).
+        rng: A thread worker's own generators (`random_generator`,
+            `numpy_generator`, `torch_generator`), since thread workers share the
+            process's global RNGs; None in a process worker. Defaults to None.
+        worker_method: "multiprocessing" or "thread". Defaults to "multiprocessing".
+        rank: The training rank of this process. Defaults to 0.
+        world_size: The number of training ranks. Defaults to 1.
+        local_rank: The rank on this node (torchrun's LOCAL_RANK), None without it.
+            Defaults to None.
     """
 
     id: int
@@ -165,7 +185,13 @@ _thread_info = threading.local()
 
 
 def get_worker_info() -> WorkerInfo[Any] | None:
-    """The current worker's `WorkerInfo`, or None in the main process (and with num_workers=0)."""
+    """The current worker's `WorkerInfo`, or None in the main process (and with num_workers=0).
+
+    In a thread worker it answers for the calling thread's worker.
+
+    Returns:
+        The `WorkerInfo` of the worker this runs in, or None outside a worker.
+    """
     info = getattr(_thread_info, "info", None)
     return info if info is not None else _process_info
 

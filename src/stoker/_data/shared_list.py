@@ -165,6 +165,15 @@ class SharedList(Sequence[Any]):
     SharedLists. Subclasses of the supported types (`numpy.str_`, a namedtuple) and numpy
     integer/floating scalars come back as the plain built-in type; `bool` and `None` are not
     supported. Floats compare as floats do: a list holding `nan` never equals a SharedList.
+    Changing it (`sl[i] = x`, `append`, ...) raises TypeError: build a new one instead.
+
+    Args:
+        iterable: The elements, read once; a SharedList is returned as it is (not
+            copied). Defaults to ().
+
+    Raises:
+        TypeError: when an element (or an item of a tuple element) is not a `str`,
+            `bytes`, `int`, `float` or tuple; the message names its position.
     """
 
     __slots__ = ("_b", "_data", "_e", "_k", "_kinds", "_mode", "_n", "_offsets", "_s", "_v")
