@@ -55,7 +55,23 @@ def crop_box(
     height: int, width: int, rng: Any, scale: Sequence[float] = SCALE, ratio: Sequence[float] = RATIO
 ) -> tuple[int, int, int, int]:
     """(top, left, height, width) of a random resized crop of an image of `height` x
-    `width`, drawn as torchvision's `RandomResizedCrop.get_params` draws it, from `rng`."""
+    `width`, drawn as torchvision's `RandomResizedCrop.get_params` draws it, from `rng`.
+
+    Ten tries at a box of a random share of the area and a log-uniform aspect ratio; when
+    none fits, the centre crop of the largest box whose aspect ratio is within `ratio`.
+
+    Args:
+        height: The image's height in pixels.
+        width: The image's width in pixels.
+        rng: A `numpy.random.Generator` (anything with its `uniform` and `integers`).
+        scale: The (low, high) range of the box's share of the image's area; SCALE is
+            torchvision's (0.08, 1.0). Defaults to SCALE.
+        ratio: The (low, high) range of the box's aspect ratio (width / height), drawn
+            log-uniformly; RATIO is torchvision's (3/4, 4/3). Defaults to RATIO.
+
+    Returns:
+        The box (top, left, height, width), in the image's pixels.
+    """
     area = height * width
     log_low, log_high = math.log(ratio[0]), math.log(ratio[1])
     for _ in range(10):
@@ -214,10 +230,32 @@ def decode_crop(
     reduce: bool = True,
     image: Any = None,
 ) -> np.ndarray:
-    """Decode `source` (a path, bytes or a binary file), crop `box` (top, left, height,
-    width in the full image's pixels; None: the whole image), resize to `size` (height,
-    width), flip left-right if `flip`: uint8, CHW. `reduce=False` decodes at full size (the
-    reference the fused path is measured against). `image`: `source` already opened."""
+    """Decode `source`, crop `box`, resize it to `size` and flip it if asked: uint8, CHW.
+
+    A JPEG is decoded at the smallest DCT scale that still gives the box at least `size`
+    pixels, and the crop and resize are one bilinear (antialiased) pass.
+
+    Args:
+        source: The image: a path, bytes or a binary file object.
+        box: (top, left, height, width) in the full image's pixels; None crops the
+            whole image.
+        size: The output's (height, width).
+        flip: Flip the crop left-right. Defaults to False.
+        reduce: Decode at a reduced DCT scale where the crop allows it; False decodes at
+            full size (the reference the fused path is measured against). Defaults to
+            True.
+        image: `source` already opened as a PIL image, or None to open it. Defaults to
+            None.
+
+    Returns:
+        The pixels, a uint8 array of shape (3, height, width).
+
+    Raises:
+        TypeError: when `source` is not a path, bytes or a binary file object.
+        ImportError: when Pillow is needed and not installed.
+        OSError: when the image cannot be opened or decoded (Pillow's errors, e.g.
+            `PIL.UnidentifiedImageError`; `DecodeCrop` wraps them in `DecodeError`).
+    """
     turbo = _simplejpeg() if reduce else None
     if turbo is not None and image is None:
         data, header = _jpeg(turbo, source)
@@ -289,6 +327,25 @@ class DecodeCrop:
     index and the epoch, not on the worker, and resumes exactly); otherwise from numpy's
     global RNG. Use it as torchvision's `ImageFolder(root, loader=DecodeCrop(224))`, or with
     stoker's `ImageFolder`.
+
+    Args:
+        size: The output's size: an int for a square, or (height, width). Defaults to
+            224.
+        scale: The (low, high) range of the crop's share of the image's area, with
+            0 < low <= high <= 1; SCALE is torchvision's (0.08, 1.0). Defaults to SCALE.
+        ratio: The (low, high) range of the crop's aspect ratio (width / height), drawn
+            log-uniformly, with 0 < low <= high; RATIO is torchvision's (3/4, 4/3).
+            Defaults to RATIO.
+        flip: The probability of a horizontal flip, in [0, 1]. Defaults to 0.5.
+        generator: A `numpy.random.Generator` or an int seed to draw every crop from;
+            None draws per sample inside a stoker worker's fetch (`stoker.sample_rng()`),
+            else from numpy's global RNG. Defaults to None.
+
+    Raises:
+        TypeError: when `size` is not an int or an (int, int) pair, `scale` or `ratio` is
+            not a pair of numbers, or `generator` is of another kind.
+        ValueError: when `size` is not positive, `scale` or `ratio` is out of range, or
+            `flip` is not a probability.
     """
 
     def __init__(
@@ -330,8 +387,19 @@ class DecodeCrop:
             return np.random.mtrand._rand
 
     def __call__(self, source: Any) -> np.ndarray:
-        """The crop of the image at `source` (a path, bytes or a binary file). A file that is
-        not an image, or is empty, truncated or corrupt, raises `DecodeError` naming it."""
+        """The crop of the image at `source`.
+
+        Args:
+            source: The image: a path, bytes or a binary file object.
+
+        Returns:
+            The pixels, a uint8 array of shape (3, height, width) of `size`.
+
+        Raises:
+            TypeError: when `source` is not a path, bytes or a binary file object.
+            DecodeError: when the file is not an image, or is empty, truncated or
+                corrupt (also when Pillow is missing); the message names the file.
+        """
         if not isinstance(source, (bytes, bytearray, memoryview, str, os.PathLike)) and not hasattr(source, "read"):
             raise TypeError(f"source should be a path, bytes or a binary file object, got {type(source).__name__}")
         try:
@@ -371,7 +439,11 @@ class DecodeCrop:
 
 
 class DecodeError(OSError):
-    """An image that cannot be decoded: the message names the file (or the bytes) and why."""
+    """An image that cannot be decoded: the message names the file (or the bytes) and why.
+
+    Raised by `DecodeCrop`; the original error is its `__cause__`. An `OSError`, as
+    Pillow's `UnidentifiedImageError` is.
+    """
 
 
 def _describe(source: Any) -> str:

@@ -13,10 +13,22 @@ from .._data.datasets import Dataset
 from .._data.shared_list import SharedList
 
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+"""The file extensions `ImageFolder` takes by default (torchvision's), matched case-insensitively."""
 
 
 def pil_loader(path: str) -> Any:
-    """The image at `path` as a PIL image in RGB (torchvision's default loader)."""
+    """The image at `path` as a PIL image in RGB (torchvision's default loader).
+
+    Args:
+        path: The image file.
+
+    Returns:
+        The decoded image, converted to RGB.
+
+    Raises:
+        ImportError: when Pillow is not installed.
+        OSError: when the file cannot be read or is not an image.
+    """
     from PIL import Image
 
     with open(path, "rb") as file:
@@ -25,7 +37,17 @@ def pil_loader(path: str) -> Any:
 
 
 def find_classes(root: str) -> tuple[list[str], dict[str, int]]:
-    """The class folders under `root`, sorted, and their indices (torchvision's rule)."""
+    """The class folders under `root`, sorted, and their indices (torchvision's rule).
+
+    Args:
+        root: The dataset's folder, holding one folder per class.
+
+    Returns:
+        (classes, class_to_idx): the class names sorted, and each name's index.
+
+    Raises:
+        FileNotFoundError: when `root` holds no folder (or does not exist).
+    """
     classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
     if not classes:
         raise FileNotFoundError(f"ImageFolder found no class folder in {root!r} (it expects root/class_name/image files)")
@@ -40,6 +62,22 @@ class ImageFolder(Dataset[tuple[Any, int]]):
     the fused decode-and-crop. `extensions` or `is_valid_file` (not both) choose the files.
     Paths are kept in a `SharedList`, not a list of Python strings, so workers do not copy
     them page by page as they are read.
+
+    Args:
+        root: The dataset's folder: `root/<class>/.../<file>`.
+        transform: Called on each loaded image; its result is the sample. Defaults to
+            None.
+        target_transform: Called on each class index. Defaults to None.
+        loader: Turns a path into an image; None means `pil_loader` (a PIL RGB image).
+            Defaults to None.
+        is_valid_file: Says whether a path is an image to take; None takes the files
+            whose extension is in `extensions`. Defaults to None.
+        extensions: The file extensions to take (case-insensitive); None means
+            `IMG_EXTENSIONS`. Defaults to None.
+
+    Raises:
+        ValueError: when both `extensions` and `is_valid_file` are given.
+        FileNotFoundError: when `root` holds no class folder, or no valid file.
     """
 
     def __init__(
@@ -101,4 +139,5 @@ class ImageFolder(Dataset[tuple[Any, int]]):
 
     @property
     def targets(self) -> list[int]:
+        """The class index of every sample, in order (built on each access)."""
         return self._targets.tolist()
