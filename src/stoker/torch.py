@@ -67,7 +67,7 @@ def random_split(
 ) -> list[Subset[T]]:
     """Split a dataset into non-overlapping random subsets; equals torch's `random_split`
     for the same generator (torch's global RNG when none is given)."""
-    return _datasets.random_split(dataset, lengths, generator, _flavour="torch", _subset=Subset)  # type: ignore[arg-type, return-value]
+    return _datasets.split_randomly(dataset, lengths, generator, "torch", Subset)  # type: ignore[arg-type, return-value]
 
 
 def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:

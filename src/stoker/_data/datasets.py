@@ -318,7 +318,7 @@ def _split_lengths(n: int, lengths: Sequence[int | float]) -> list[int]:
             if size == 0:
                 warnings.warn(
                     f"Length of split at index {i} is 0. This might result in an empty dataset.",
-                    stacklevel=3,
+                    stacklevel=4,  # the caller of random_split (either flavour)
                 )
         return sizes
     if any(not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in lengths):
@@ -332,12 +332,7 @@ def _split_lengths(n: int, lengths: Sequence[int | float]) -> list[int]:
 
 
 def random_split(
-    dataset: Dataset[T],
-    lengths: Sequence[int | float],
-    generator: GeneratorLike = None,
-    *,
-    _flavour: str = "numpy",
-    _subset: type[Subset[T]] | None = None,
+    dataset: Dataset[T], lengths: Sequence[int | float], generator: GeneratorLike = None
 ) -> list[Subset[T]]:
     """Split a dataset into non-overlapping random subsets of the given lengths or fractions.
 
@@ -360,9 +355,20 @@ def random_split(
         ValueError: when a fraction is outside [0, 1], when a length is not a
             non-negative int, or when the lengths do not sum to `len(dataset)`.
     """
+    return split_randomly(dataset, lengths, generator, "numpy", Subset)
+
+
+def split_randomly(
+    dataset: Dataset[T],
+    lengths: Sequence[int | float],
+    generator: GeneratorLike,
+    flavour: str,
+    subset: type[Subset[T]],
+) -> list[Subset[T]]:
+    """`random_split` of either flavour: `flavour` picks the global RNG a missing generator
+    means, `subset` the class of the subsets."""
     sizes = _split_lengths(len(dataset), lengths)  # type: ignore[arg-type]
-    order = RandomSource(generator, _flavour).draws().permutation(sum(sizes))
-    subset = Subset if _subset is None else _subset
+    order = RandomSource(generator, flavour).draws().permutation(sum(sizes))
     return [
         subset(dataset, order[end - size : end])
         for end, size in zip(itertools.accumulate(sizes), sizes)

@@ -110,6 +110,7 @@ class RandomSampler(Sampler[int]):
 
     @property
     def generator(self) -> GeneratorLike:
+        """The generator the order is drawn from, as given; setting it starts a new source."""
         return self._source.generator
 
     @generator.setter
@@ -166,6 +167,7 @@ class SubsetRandomSampler(Sampler[int]):
 
     @property
     def generator(self) -> GeneratorLike:
+        """The generator the order is drawn from, as given; setting it starts a new source."""
         return self._source.generator
 
     @generator.setter
@@ -240,6 +242,7 @@ class WeightedRandomSampler(Sampler[int]):
 
     @property
     def generator(self) -> GeneratorLike:
+        """The generator the order is drawn from, as given; setting it starts a new source."""
         return self._source.generator
 
     @generator.setter

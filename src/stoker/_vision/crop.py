@@ -242,10 +242,10 @@ def decode_crop(
         size: The output's (height, width).
         flip: Flip the crop left-right. Defaults to False.
         reduce: Decode at a reduced DCT scale where the crop allows it; False decodes at
-            full size (the reference the fused path is measured against). Defaults to
-            True.
-        image: `source` already opened as a PIL image, or None to open it. Defaults to
-            None.
+            full size (the reference the fused path is measured against).
+            Defaults to True.
+        image: `source` already opened as a PIL image, or None to open it.
+            Defaults to None.
 
     Returns:
         The pixels, a uint8 array of shape (3, height, width).
@@ -329,8 +329,8 @@ class DecodeCrop:
     stoker's `ImageFolder`.
 
     Args:
-        size: The output's size: an int for a square, or (height, width). Defaults to
-            224.
+        size: The output's size: an int for a square, or (height, width).
+            Defaults to 224.
         scale: The (low, high) range of the crop's share of the image's area, with
             0 < low <= high <= 1; SCALE is torchvision's (0.08, 1.0). Defaults to SCALE.
         ratio: The (low, high) range of the crop's aspect ratio (width / height), drawn

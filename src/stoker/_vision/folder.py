@@ -65,8 +65,8 @@ class ImageFolder(Dataset[tuple[Any, int]]):
 
     Args:
         root: The dataset's folder: `root/<class>/.../<file>`.
-        transform: Called on each loaded image; its result is the sample. Defaults to
-            None.
+        transform: Called on each loaded image; its result is the sample.
+            Defaults to None.
         target_transform: Called on each class index. Defaults to None.
         loader: Turns a path into an image; None means `pil_loader` (a PIL RGB image).
             Defaults to None.

@@ -149,7 +149,14 @@ class _BatchRows:
 
 
 def decode(value: Any) -> Any:
-    """The sample of a `to_ray_dataset` row (the row itself, or its "data" value)."""
+    """The sample of a `to_ray_dataset` row, exactly as the dataset returned it.
+
+    Args:
+        value: The row (a dict with "data") or its "data" value, the pickled sample.
+
+    Returns:
+        The sample, unpickled.
+    """
     if isinstance(value, dict):
         value = value["data"]
     return pickle.loads(value)

@@ -11,8 +11,14 @@ class ReadError(RuntimeError):
     """The dataset (or the collate_fn) raised inside a Ray read task.
 
     The message names the sample index (or the batch's indices, for `__getitems__`), the
-    original exception's type and message, and the remote traceback; `exc_type` is the name
-    of the original exception's type."""
+    original exception's type and message, and the remote traceback. stoker.ray raises it
+    in the driver, where the batches (or rows) are read.
+
+    Args:
+        message: The message described above.
+        exc_type: The name of the original exception's type, kept as the attribute
+            `exc_type`. Defaults to "".
+    """
 
     def __init__(self, message: str, exc_type: str = "") -> None:
         super().__init__(message)
@@ -21,7 +27,11 @@ class ReadError(RuntimeError):
 
 class ShippingError(RuntimeError):
     """The dataset could not be sent to the Ray cluster (not picklable), or could not be
-    rebuilt there (its class or module is not importable on the workers)."""
+    rebuilt there (its class or module is not importable on the workers).
+
+    The message says which, names the dataset's class and module, and how to ship the
+    code to the workers (`ray.init(runtime_env=...)`).
+    """
 
 
 class _TaskFailure(Exception):

@@ -40,9 +40,21 @@ def contiguous_slices(count: int, parts: int) -> list[tuple[int, int]]:
 
 
 def read_task_count(units: int, cluster_cpus: float, requested: int | None = None) -> int:
-    """How many read tasks share `units` batches (or to_ray_dataset's fetch groups):
-    `requested` when given, else one for every UNITS_PER_TASK units and at least one per
-    cluster CPU; never more than `units`."""
+    """How many read tasks share `units` batches (or to_ray_dataset's fetch groups).
+
+    Args:
+        units: The number of batches (or fetch groups of 64 samples) to share out.
+        cluster_cpus: The number of CPUs of the Ray cluster.
+        requested: The count the user asked for (`read_tasks`); None chooses one for
+            every 40 units (UNITS_PER_TASK) and at least one per cluster CPU.
+            Defaults to None.
+
+    Returns:
+        The number of read tasks, at least 1 and never more than `units`.
+
+    Raises:
+        ValueError: when `requested` is not a positive int or None.
+    """
     if requested is not None:
         if not isinstance(requested, int) or isinstance(requested, bool) or requested < 1:
             raise ValueError(
@@ -54,9 +66,18 @@ def read_task_count(units: int, cluster_cpus: float, requested: int | None = Non
 
 
 def base_seed_of(seed: int) -> int:
-    """The base seed of `stoker.sample_seed()` / `sample_rng()` for loader seed `seed`: the
-    one `stoker.DataLoader(..., generator=seed)` draws for its first iterator when its
-    sampler draws nothing from the generator (a DistributedSampler, a SequentialSampler)."""
+    """The base seed of `stoker.sample_seed()` / `sample_rng()` for loader seed `seed`.
+
+    It is the one `stoker.DataLoader(..., generator=seed)` draws for its first iterator
+    when its sampler draws nothing from the generator (a DistributedSampler, a
+    SequentialSampler), so a read task seeds samples as stoker's own workers do.
+
+    Args:
+        seed: The loader's int seed.
+
+    Returns:
+        The base seed, an int in [0, 2**63).
+    """
     return int(RandomSource(int(seed)).seed64())
 
 

@@ -200,16 +200,35 @@ def to_ray_dataset(
     seed: int = 0,
     epoch: int = 0,
 ) -> ray.data.Dataset:
-    """A Ray Dataset of `dataset`'s samples at `indices` (default: all), in that order.
+    """A Ray Dataset of `dataset`'s samples at `indices`, in that order.
 
     Each row is {"key": the sample's index, "data": the pickled sample}: `decode(row)` gives
-    the sample exactly as the dataset returned it. Read tasks (`read_tasks`, default
-    `read_task_count`) each fetch a contiguous slice of `indices`, with the dataset's
-    `__getitems__` (64 indices a call) when it has one, else `__getitem__` per index, under
-    stoker's per-sample seeding for (`base_seed_of(seed)`, `epoch`, index). Starts Ray
-    (`ray.init()`) if it is not running. Raises ShippingError when the dataset cannot be
-    pickled; a read task that fails raises Ray's error, whose message is stoker's (naming the
-    sample index, or saying that the dataset's class cannot be imported on the workers)."""
+    the sample exactly as the dataset returned it. Each read task fetches a contiguous
+    slice of `indices`, with the dataset's `__getitems__` (64 indices a call) when it has
+    one, else `__getitem__` per index, under stoker's per-sample seeding for
+    (`base_seed_of(seed)`, `epoch`, index). Starts Ray (`ray.init()`) if it is not
+    running. A read task that fails raises Ray's error when the rows are read, whose
+    message is stoker's (naming the sample index, or saying that the dataset's class
+    cannot be imported on the workers).
+
+    Args:
+        dataset: The map-style dataset (with `__len__`); it must pickle, and its class
+            must be importable on the Ray workers.
+        indices: The sample indices to read, in order; None reads them all.
+            Defaults to None.
+        read_tasks: The number of Ray read tasks (at most one per sample); None chooses
+            one for every 40 groups of 64 samples and at least one per cluster CPU
+            (`read_task_count`). Defaults to None.
+        seed: The loader seed whose `base_seed_of` seeds the samples. Defaults to 0.
+        epoch: The epoch of the per-sample seeds. Defaults to 0.
+
+    Returns:
+        A lazy `ray.data.Dataset` with one row per index.
+
+    Raises:
+        ShippingError: when the dataset cannot be pickled to send it to the cluster.
+        ValueError: when `read_tasks` is neither a positive int nor None.
+    """
     length = len(dataset)
     chosen = list(range(length)) if indices is None else [int(i) for i in indices]
     ref = _put_dataset(dataset)

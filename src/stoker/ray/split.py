@@ -15,7 +15,16 @@ from .read import _cluster_cpus, _put_dataset, _ray_dataset
 
 
 class StreamingSplit:
-    """One of `streaming_split`'s iterables of batches; not resumable."""
+    """One of `streaming_split`'s iterables of batches; not resumable.
+
+    `streaming_split` makes them; iterate each in its own rank or thread, all at once.
+    Iterating raises `ReadError` when the dataset or the collate_fn raised in a read task,
+    and `ShippingError` when the dataset could not be rebuilt on the cluster.
+
+    Args:
+        iterator: The Ray `DataIterator` of this split.
+        keep: The dataset's Ray object reference, kept alive while the split is.
+    """
 
     def __init__(self, iterator: Any, keep: Any) -> None:
         self._iterator = iterator
@@ -38,7 +47,11 @@ class StreamingSplit:
             yield from (batch for _, batch in rows.feed(table))
 
     def state_dict(self) -> dict[str, Any]:
-        """Always raises ValueError: which batches a split got depends on timing."""
+        """Always raises ValueError: which batches a split got depends on timing.
+
+        Raises:
+            ValueError: always; use `stoker.ray.DataLoader` for exact resume.
+        """
         raise ValueError(
             "a stoker.ray.streaming_split split is not resumable: Ray hands each batch to whichever "
             "split asks first, so which batches a split got depends on timing; use "
@@ -65,7 +78,32 @@ def streaming_split(
     seed=seed)` order after set_epoch(epoch), batched) reaches exactly one split, none is
     dropped. The trade: which batches a rank gets depends on timing, so runs are not
     reproducible batch-for-batch and a split cannot be resumed (`state_dict()` raises). The
-    splits must be iterated concurrently (one per rank, or per thread), as Ray requires."""
+    splits must be iterated concurrently (one per rank, or per thread), as Ray requires.
+    Starts Ray (`ray.init()`) if it is not running.
+
+    Args:
+        dataset: The map-style dataset (with `__len__`); it must pickle, and its class
+            must be importable on the Ray workers.
+        n: The number of splits (one per consumer).
+        batch_size: The number of samples in a batch.
+        shuffle: Shuffle the epoch's samples from `seed + epoch`. Defaults to False.
+        seed: The shuffling seed, and the base of the per-sample seeds (`base_seed_of`).
+            Defaults to 0.
+        epoch: The epoch whose order and per-sample seeds to use. Defaults to 0.
+        drop_last: Drop the epoch's short final batch. Defaults to False.
+        collate_fn: Makes a batch of a list of samples, in the read task; None means
+            `stoker.default_collate`. Defaults to None.
+        read_tasks: The number of Ray read tasks; None chooses one for every 40 batches
+            and at least one per cluster CPU. Defaults to None.
+
+    Returns:
+        `n` `StreamingSplit` iterables.
+
+    Raises:
+        ValueError: when `n` is not a positive int, `batch_size` is not a positive int,
+            or `read_tasks` is neither a positive int nor None.
+        ShippingError: when the dataset cannot be pickled to send it to the cluster.
+    """
     _check_int(n, "n", 1)
     batches = rank_batches(
         len(dataset),
