@@ -63,19 +63,48 @@ class DataLoader:
     `stoker.torch.default_collate` for torch tensors) inside the read tasks.
 
     `seed=None` is the DistributedSampler's default seed, 0, as in torch: every rank must pass
-    the same seed, and the constructor communicates nothing. `stoker.sample_rng()` in the dataset draws what it draws under
-    `stoker.DataLoader(..., generator=seed, persistent_workers=True)` over the same sampler
-    with set_epoch(epoch) = the loader's epoch count.
+    the same seed, and the constructor communicates nothing. `stoker.sample_rng()` in the
+    dataset draws what it draws under `stoker.DataLoader(..., generator=seed,
+    persistent_workers=True)` over the same sampler with set_epoch(epoch) = the loader's
+    epoch count.
 
     `in_order=True` delivers the sampler's order; `in_order=False` lets a batch made early
     overtake one made late within the prefetch window, and such a loader is not exactly
-    resumable: its `state_dict()` raises ValueError. `prefetch_batches` is Ray Data's count of
-    blocks (batches) fetched ahead; `read_tasks` overrides `read_task_count`.
+    resumable: its `state_dict()` raises ValueError.
 
     `state_dict()` / `load_state_dict()` resume exactly mid-epoch; a state saved under another
     world size (or rank) resumes elastically: the samples no old rank consumed are split over
     the new ranks (`DistributedSampler.resume_elastic`). Starts Ray (`ray.init()`) if it is
-    not running.
+    not running. Iterating raises `ReadError` when the dataset or the collate_fn raised in a
+    read task, and `ShippingError` when the dataset cannot be sent to the cluster or
+    rebuilt there.
+
+    Args:
+        dataset: The map-style dataset (with `__len__` and `__getitem__`); it must pickle,
+            and its class must be importable on the Ray workers.
+        batch_size: The number of samples in a batch.
+        shuffle: Shuffle the samples each epoch from `seed + epoch`. Defaults to False.
+        seed: The shuffling seed, the same on every rank, and the base of the per-sample
+            seeds (`base_seed_of`); None means 0. Defaults to None.
+        rank: This rank, 0 <= rank < world_size. Defaults to 0.
+        world_size: The number of ranks. Defaults to 1.
+        drop_last: Drop the tail that does not divide evenly over the ranks, and each
+            rank's short final batch. Defaults to False.
+        collate_fn: Makes a batch of a list of samples, in the read task; None means
+            `stoker.default_collate`. Defaults to None.
+        prefetch_batches: Ray Data's count of blocks (batches) fetched ahead.
+            Defaults to 2.
+        in_order: Deliver the batches in the sampler's order. Defaults to True.
+        read_tasks: The number of Ray read tasks of an epoch; None chooses one for every
+            40 batches and at least one per cluster CPU (`read_task_count`).
+            Defaults to None.
+
+    Raises:
+        TypeError: when `dataset` has no `__len__` or `__getitem__`.
+        ValueError: when `batch_size` or `world_size` is not a positive int, `rank` is
+            not in [0, world_size - 1], `prefetch_batches` is negative, `shuffle`,
+            `drop_last` or `in_order` is not a bool, `read_tasks` is neither a positive
+            int nor None, or `seed` is neither an int nor None.
     """
 
     def __init__(
@@ -128,7 +157,16 @@ class DataLoader:
 
     # -------------------------------------------------------------- epochs
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the next iteration gives (shuffle is seeded with seed + epoch)."""
+        """Set the epoch the next iteration gives (shuffle is seeded with seed + epoch).
+
+        A state loaded for another epoch no longer applies.
+
+        Args:
+            epoch: The epoch number, an int >= 0.
+
+        Raises:
+            ValueError: when `epoch` is not an int >= 0.
+        """
         epoch = _check_int(epoch, "epoch", 0)
         if epoch != self.epoch:  # a loaded state was for another epoch: it no longer applies
             self._position = 0
@@ -242,8 +280,16 @@ class DataLoader:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this rank is: the epoch and the batches of it delivered; raises ValueError for
-        a loader with in_order=False (its delivery order is not the sampler's)."""
+        """Where this rank is: the epoch and the batches of it delivered.
+
+        Returns:
+            A dict of plain values (the configuration, epoch and position) for
+            `load_state_dict`.
+
+        Raises:
+            ValueError: for a loader with `in_order=False` (its delivery order is not the
+                sampler's).
+        """
         if not self.in_order:
             raise ValueError(
                 "stoker.ray.DataLoader(in_order=False) is not exactly resumable: batches made early "
@@ -261,9 +307,16 @@ class DataLoader:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go on from a `state_dict()`: the next iteration yields exactly the batches that were
-        not yet delivered. A state of another world size (or rank) resumes elastically. Raises
-        ValueError, applying nothing, for a state of another configuration (naming what
-        differs) or of another kind."""
+        not yet delivered. A state of another world size (or rank) resumes elastically.
+
+        Args:
+            state: A dict made by `state_dict()`.
+
+        Raises:
+            ValueError: applying nothing, for a state of another kind or version, of
+                another configuration (naming what differs), or saved part-way through an
+                elastically resumed epoch and loaded under yet another world size or rank.
+        """
         if not isinstance(state, dict) or state.get("loader") != "stoker.ray.DataLoader":
             raise ValueError(
                 "load_state_dict expects a dict made by stoker.ray.DataLoader.state_dict()"
