@@ -97,8 +97,8 @@ class WorkerInfo(Generic[T_co]):
         num_workers: The number of workers of the loader.
         seed: This worker's seed: the iterator's base seed + worker id on rank 0 (as in
             torch), the next numbers on the other ranks.
-        dataset: This worker's copy of the dataset (in a process worker, a replica; in a
-            thread worker, the loader's own object).
+        dataset: The dataset this worker reads: its own replica in a process worker,
+            the loader's dataset (shared by the threads) in a thread worker.
         rng: A thread worker's own generators (`random_generator`,
             `numpy_generator`, `torch_generator`), since thread workers share the
             process's global RNGs; None in a process worker. Defaults to None.

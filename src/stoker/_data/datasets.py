@@ -75,8 +75,8 @@ class TensorDataset(Dataset[tuple[Any, ...]]):
         *tensors: Numpy arrays or torch tensors with the same first dimension.
 
     Raises:
-        ValueError: when no tensor is given, or when the first dimensions differ (the
-            error is also an `AssertionError`, which torch raises there).
+        ValueError: when no tensor is given, or when the first dimensions differ (that
+            one is also an `AssertionError`, which torch raises there).
     """
 
     def __init__(self, *tensors: Any) -> None:
