@@ -16,7 +16,9 @@ Conventions checked:
 - No docstring (nor the module docstrings) names a private module: `_core`, `_data`,
   `_tools`, `_vision`, `_frameworks`, `stoker._...`.
 
-The test reports every offender at once.
+The package is loaded with the griffe extensions mkdocs.yml gives mkdocstrings (a class body's
+`__doc__ = Other.__doc__` is its docstring, as in help()). The test reports every offender at
+once.
 """
 
 from __future__ import annotations
@@ -36,18 +38,23 @@ PUBLIC_MODULES = ("stoker", "stoker.torch", "stoker.vision", "stoker.ray", "stok
 PRIVATE_MODULE = re.compile(r"(?<![A-Za-z0-9_.])_(core|data|tools|vision|frameworks)\b|stoker\._")
 DEFAULT = re.compile(r"Defaults\s+to\s+(?P<value>.+?)\.(?=\s|$)", re.DOTALL)
 UNDOCUMENTED_VARIADICS = {"args", "kwargs"}
-# `X.__doc__` / `X.__init__` assigned in a class body: what help() shows (stoker.torch's
-# classes share stoker's docstrings and constructors this way)
-BORROWED = re.compile(r"^(?P<source>[\w.]+)\.(?P<attr>__doc__|__init__)$")
+ROOT = SRC.parent
+# the griffe extensions mkdocs.yml gives mkdocstrings (paths from the repository root)
+EXTENSIONS = ("docs/griffe/borrowed.py",)
 
 
 def _load() -> Any:
+    """The package as mkdocstrings loads it for the reference pages."""
+    config = (ROOT / "mkdocs.yml").read_text()
+    for extension in EXTENSIONS:
+        assert f"- {extension}" in config, f"mkdocs.yml no longer loads {extension}: update EXTENSIONS"
     return griffe.load(
         "stoker",
         search_paths=[str(SRC)],
         docstring_parser="google",
         resolve_aliases=True,
         resolve_external=False,
+        extensions=griffe.load_extensions(*(str(ROOT / extension) for extension in EXTENSIONS)),
     )
 
 
@@ -76,50 +83,17 @@ def _names_foreign(obj: Any, expression: str) -> bool:
     return bool(member.is_alias and not member.target_path.startswith("stoker"))
 
 
-def _borrowed(cls: Any, attr: str) -> Any | None:
-    """The object `cls.<attr> = Other.<attr>` (in the class body) borrows from, resolved."""
-    member = cls.members.get(attr)
-    if member is None or not member.is_attribute or member.value is None:
-        return None
-    match = BORROWED.match(str(member.value))
-    if match is None:
-        return None
-    head, *rest = match["source"].split(".")
-    try:
-        source = cls.module[head]
-        for part in rest:
-            source = source[part]
-        source = source.final_target if source.is_alias else source
-    except (KeyError, griffe.AliasResolutionError, griffe.CyclicAliasError):
-        return None
-    return source if attr == "__doc__" else source.members.get("__init__")
-
-
-def _docstring_of(obj: Any) -> Any | None:
-    if obj.is_class and obj.docstring is None:
-        source = _borrowed(obj, "__doc__")
-        return source.docstring if source is not None else None
-    return obj.docstring
-
-
 def _init_of(cls: Any) -> Any | None:
     """The `__init__` whose parameters the class's reference shows, if stoker's."""
-    borrowed = _borrowed(cls, "__init__")
-    if borrowed is not None:
-        return borrowed
-    for klass in [cls, *cls.mro()]:
-        init = klass.members.get("__init__")
-        if init is None:
-            continue
-        if init.is_alias:
-            try:
-                init = init.final_target
-            except (griffe.AliasResolutionError, griffe.CyclicAliasError):
-                return None
-        if init.is_function:
-            return init if init.path.startswith("stoker") else None
-        return _borrowed(klass, "__init__")
-    return None
+    init = cls.all_members.get("__init__")
+    if init is None:
+        return None
+    if init.is_alias:
+        try:
+            init = init.final_target
+        except (griffe.AliasResolutionError, griffe.CyclicAliasError):
+            return None
+    return init if init.is_function and init.path.startswith("stoker") else None
 
 
 def _documented(docstring: Any | None) -> dict[str, str]:
@@ -224,7 +198,7 @@ def _offenders() -> list[str]:
             if obj.path in seen:  # stoker.torch re-exports stoker's own objects
                 continue
             seen.add(obj.path)
-            docstring = _docstring_of(obj)
+            docstring = obj.docstring
             if docstring is None and not obj.is_attribute:
                 offenders.append(f"{where}: no docstring")
             _check_text(where, docstring, offenders)
