@@ -84,16 +84,32 @@ def assert_resumes_identically(
     worker_counts: Sequence[int] | None = None,
     epochs: int = 2,
 ) -> None:
-    """Run `make_loader()` for `epochs` epochs; then, for each interruption point (every
-    batch, or the given `steps`), take `state_dict()` there (through JSON), load it into a
-    fresh loader — made with each of `worker_counts` as `make_loader(num_workers=n)`, or
-    as `make_loader()` when not given — and assert that the rest of the run is identical.
-    The global RNGs (random, numpy, torch) are put back to their state at the interruption
+    """Assert that a loader resumed from its `state_dict()` at any point goes on exactly as
+    the uninterrupted run did.
+
+    Runs `make_loader()` for `epochs` epochs; then, for each interruption point, takes
+    `state_dict()` there (through JSON, as a checkpoint file would hold it), loads it into a
+    fresh loader and asserts that the rest of the run is identical, batch for batch. The
+    global RNGs (random, numpy, torch) are put back to their state at the interruption
     before each resume, as a training script's checkpoint does: a generator-less sampler
     draws its next epochs from them.
 
-    Raises AssertionError naming the interruption point, the worker count and the first
-    batch that differs."""
+    Args:
+        make_loader: Makes a fresh loader (a `stoker.DataLoader` or `stoker.torch.DataLoader`),
+            the same each call; with `worker_counts`, it takes `num_workers` as a keyword.
+        steps: The interruption points, as numbers of batches delivered before the
+            interruption (0 to the run's total); None: every point, from before the first
+            batch to after the last. Defaults to None.
+        worker_counts: The `num_workers` each resumed loader is made with
+            (`make_loader(num_workers=n)`, each in turn), to check a resume with another
+            worker count; None: `make_loader()` as it is. Defaults to None.
+        epochs: How many epochs the run lasts. Defaults to 2.
+
+    Raises:
+        AssertionError: when a resumed run differs, naming the interruption point, the
+            worker count and the first batch that differs, with both versions of it.
+        ValueError: when a step lies outside the run.
+    """
     reference, _, _ = _run(make_loader(), epochs)
     points = range(len(reference) + 1) if steps is None else steps
     counts: list[int | None] = list(worker_counts) if worker_counts is not None else [None]

@@ -65,17 +65,57 @@ _accelerate.install()  # accelerate's prepare keeps stoker loaders stoker's (now
 def random_split(
     dataset: Dataset[T], lengths: Sequence[int | float], generator: GeneratorLike = None
 ) -> list[Subset[T]]:
-    """Split a dataset into non-overlapping random subsets; equals torch's `random_split`
-    for the same generator (torch's global RNG when none is given)."""
+    """Split a dataset into non-overlapping random subsets of the given lengths, as torch's
+    `random_split` does: for the same generator (or the same state of torch's global RNG)
+    the subsets are torch's, index for index.
+
+    Args:
+        dataset: The dataset to split.
+        lengths: The subsets' lengths, summing to `len(dataset)`; or fractions summing to
+            1, each made `floor(fraction * len(dataset))` long and the remainder spread one
+            by one over the subsets in turn.
+        generator: Where the permutation is drawn from: a `torch.Generator`, a
+            `numpy.random.Generator` or an int seed; None draws from torch's global RNG.
+            Defaults to None.
+
+    Returns:
+        One `Subset` of `dataset` per length, in the order of `lengths`.
+
+    Raises:
+        ValueError: when a fraction is not between 0 and 1, or the lengths (or fractions)
+            do not add up to the dataset's length (or to 1).
+        TypeError: when `generator` is of another type.
+    """
     return _datasets.split_randomly(dataset, lengths, generator, "torch", Subset)  # type: ignore[arg-type, return-value]
 
 
 def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
-    """torch's `collate`: dispatch on the first sample's type through `collate_fn_map`."""
+    """Merge a list of samples into a batch as torch's `collate` does: the function
+    registered in `collate_fn_map` for the type of the first sample collates the batch;
+    dicts, namedtuples, tuples and lists are collated field by field, recursively.
+
+    Args:
+        batch: The samples of one batch.
+        collate_fn_map: Type to function `fn(batch, *, collate_fn_map)` that collates a
+            batch of that type (a subclass finds its base's). None: only containers are
+            collated. `default_collate_fn_map` is torch's table, to copy and extend.
+            Defaults to None.
+
+    Returns:
+        The batch, of the structure of one sample.
+
+    Raises:
+        TypeError: when a sample's type has no function in `collate_fn_map` and is no
+            container.
+        RuntimeError: when the sequences of a batch are not all of the same length.
+    """
     return _collate(batch, collate_fn_map=collate_fn_map)
 
 
 default_collate_fn_map: CollateFnMap = _default_map()
+"""torch's `default_collate_fn_map`: the type-to-function table `default_collate` uses
+(tensors, numpy arrays and scalars, floats, ints, strings, bytes). Copy it and add entries to
+collate a type of your own with `collate(batch, collate_fn_map=...)`."""
 
 __all__ = [
     "adopt",

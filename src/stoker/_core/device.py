@@ -440,24 +440,39 @@ def to_device(
     `depth` copied ahead), plus any earlier batch the consumer still holds; and depth+1 host
     batches stay referenced, which a loader's prefetching does not count.
 
-    `loader`: any iterable of batches (a stoker or torch DataLoader, a list); every `iter()`
-    over the result is a new pass over `iter(loader)`, and `len()` is the loader's. `device`:
-    a `torch.device`, a string ('cuda', 'cuda:1', 'cpu') or a CUDA device index; 'cpu' moves
-    tensors with `.to("cpu")` and no stream; None (the default): this rank's device, the one
-    torchrun's LOCAL_RANK names, else the current CUDA device. `depth`: batches copied ahead, an int >= 1.
-
-    `transform`: a function of one batch, run on each batch once it is on the device, on the
-    copy stream after the batch's copy (so it overlaps the consumer's step, as the copy does),
-    returning the batch the consumer gets. Workers can then ship uint8 images (a quarter of
-    float32's bytes) and leave float conversion and normalisation to the GPU: see
-    `normalize`. On the CPU it runs on the CPU, so the same code runs everywhere. Its
-    exception surfaces at its batch, like the loader's, with a note naming the transform.
+    The transform runs on each batch once it is on the device, on the copy stream after the
+    batch's copy (so it overlaps the consumer's step, as the copy does). Workers can then
+    ship uint8 images (a quarter of float32's bytes) and leave float conversion and
+    normalisation to the GPU: see `normalize`. On the CPU it runs on the CPU, so the same
+    code runs everywhere. Its exception surfaces at its batch, like the loader's, with a
+    note naming the transform.
 
     Breaking out of the loop is safe: closing or dropping the iterator waits for the copies in
     flight and lets their batches go. An exception the loader raises surfaces at the batch
-    where it was raised, after the earlier batches. Raises TypeError or ValueError (naming the
-    argument) for a bad `depth`, `device` or `transform`, ValueError for a CUDA device that
-    does not exist.
+    where it was raised, after the earlier batches.
+
+    Args:
+        loader: Any iterable of batches (a stoker or torch DataLoader, a list). Every
+            `iter()` over the result is a new pass over `iter(loader)`, and `len()` is the
+            loader's.
+        device: Where the tensors go: a `torch.device`, a string ('cuda', 'cuda:1',
+            'cpu') or a CUDA device index; 'cpu' moves tensors with `.to("cpu")` and no
+            stream. None: this rank's device, the one torchrun's LOCAL_RANK names, else the
+            current CUDA device. Defaults to None.
+        depth: How many batches are copied ahead of the consumer, an int >= 1.
+            Defaults to 2.
+        transform: A function of one batch, run on each batch once it is on the device,
+            returning the batch the consumer gets (see above). None: the batch as copied.
+            Defaults to None.
+
+    Returns:
+        An iterable over the batches on `device`, with `len()` when `loader` has one.
+
+    Raises:
+        TypeError: when `depth` is not an int, `transform` is not callable, or `device` is
+            not a device, a string or an int.
+        ValueError: when `depth` < 1, or `device` is not a CPU or CUDA device, or is a CUDA
+            device that does not exist here (the message says which do).
     """
     depth = check_depth(depth)
     if transform is not None and not callable(transform):
@@ -480,12 +495,26 @@ def normalize(
     key: Any = None,
 ) -> Transform:
     """A `to_device` transform: every uint8 tensor of a batch (or only `batch[key]`) becomes
-    `(x / scale - mean) / std` in `dtype` (default float32), with `mean` and `std` per channel
-    along dimension 1 (N, C, ...); other tensors and objects are left as they are.
+    `(x / scale - mean) / std` in `dtype`, with `mean` and `std` per channel along
+    dimension 1 (N, C, ...); other tensors and objects are left as they are.
 
     For ImageNet statistics: `normalize((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))`.
-    Raises ValueError for `mean` and `std` of different lengths, or a zero in `std`; a batch
-    whose channel count differs from theirs raises at that batch, naming both.
+
+    Args:
+        mean: One mean per channel, in the scaled units (0 to 1 for `scale=255.0`).
+        std: One standard deviation per channel, none of them zero, as many as `mean`.
+        scale: What the uint8 values are divided by first. Defaults to 255.0.
+        dtype: The torch dtype of the result; None: `torch.float32`. Defaults to None.
+        key: Which item of each batch to normalize (a dict key, or an index of a tuple or
+            list); None: every uint8 tensor in the batch. Defaults to None.
+
+    Returns:
+        The transform, a function of one batch, for `to_device(..., transform=...)`.
+
+    Raises:
+        ValueError: when `mean` and `std` differ in length or are empty, `std` holds a zero,
+            or `scale` is not a positive number; the transform raises it at a batch whose
+            channel count differs from theirs, naming both.
     """
     import torch
 

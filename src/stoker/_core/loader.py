@@ -118,53 +118,142 @@ def _check_bool(value: Any, name: str) -> None:
 
 
 class DataLoader(Generic[T_co]):
-    """Combines a dataset and a sampler, and iterates over batches of the dataset.
+    """Combines a dataset and a sampler, and provides an iterable over the given dataset.
 
-    The arguments are torch's `torch.utils.data.DataLoader` arguments, with torch's meaning;
-    see the user guide (docs/guide/workers-and-failures.md) for how stoker delivers them.
-    MXNet Gluon's extras:
-
-    - `last_batch`: 'keep' (default), 'discard' (same as `drop_last=True`) or 'rollover'
-      (a short last batch is carried into the first batch of the next epoch).
-    - `batchify_fn`: another name for `collate_fn`; give at most one of them.
-    - `thread_pool`: with `num_workers > 0`, workers are threads of this process instead of
-      processes (batches are passed by reference).
-    - `auto_reload` (default False): with `persistent_workers=True`, the workers start on the
-      next epoch's first batches as soon as the current epoch's last batch is sent, instead
-      of at the next `iter()`. It hides the epoch boundary, but those batches read the
-      dataset before the loop reaches `iter()`: a `dataset.set_epoch(e)` (or any change to
-      the dataset) made between epochs misses them. A sampler with `set_epoch` is waited for.
-      Raises ValueError without `persistent_workers=True`.
-
-    stoker's own: `max_worker_restarts` (default 0): how many times one iterator replaces a
-    worker process that died (killed by the OOM killer, a segfault, `os._exit`) and re-sends
-    the batches it owed, so that the epoch completes with every sample once, in order. It
-    has no effect on thread workers and `num_workers=0` (a thread does not die alone).
-
-    `pin_memory` (bool or 'born', default False): True pins as torch does (batches copied
-    into torch's pinned memory on a pin thread, safe under copies on any stream); 'born'
-    (stoker's own) hands out batches born pinned in the shared-memory arena's slots,
-    registered with CUDA, with no pin copy, under the rule of docs/guide/feeding-a-gpu.md
-    (copy each batch on the iterating thread's current stream, or synchronise before dropping
-    it). Raises ValueError for another string and TypeError for a value that is not a bool.
-
-    `num_workers="auto"` / `prefetch_factor="auto"`: chosen once, in the first epoch, and
-    kept for the loader's life. A map-style dataset's first epoch starts in this process:
-    its first few batches are fetched here, timed and delivered as usual, and then the rest
-    of the epoch goes to the workers chosen from those times and the usable CPUs and memory
-    (see `_core/auto.py`). With only `prefetch_factor="auto"`, or an IterableDataset, the
-    choice is made at the first `iter()`. It is stated in a log record of the "stoker"
-    logger and in `stats().choice`. `num_workers` and `prefetch_factor` read ints throughout,
-    as torch's do: until the choice, the counts "auto" assumes before measuring anything
-    (`num_workers`: one less than the usable CPUs, at least 1 and at most 8, what an
-    IterableDataset gets; `prefetch_factor`: 2), after it the counts chosen (0 and None
-    included). Each is an int subclass that remembers "auto": a loader made with the
-    attributes of another (Lightning re-creating it around its sampler, accelerate around a
-    shard) asks for "auto" again and makes its own choice. `stats` (default True): the live
-    figures of `stats()`; `progress=True`: a tqdm bar per epoch.
+    The arguments are those of `torch.utils.data.DataLoader`, with torch's meaning, defaults,
+    checks and error messages, plus MXNet Gluon's `last_batch`, `batchify_fn` and
+    `thread_pool`, and stoker's own `auto_reload`, `max_worker_restarts`, `seed_each_batch`,
+    `stats`, `progress`, `pin_memory="born"` and `"auto"` for `num_workers` and
+    `prefetch_factor`. The user guide page "Workers and failures" tells how stoker delivers
+    them.
 
     Batches keep numpy as numpy and tensors as tensors (`stoker.default_collate`); the
-    `stoker.torch` flavour turns them into tensors exactly as torch does.
+    `stoker.torch` flavour of this class, also a `torch.utils.data.DataLoader`, makes them
+    torch tensors exactly as torch does.
+
+    `num_workers="auto"` / `prefetch_factor="auto"` are chosen once, in the first epoch, and
+    kept for the loader's life. A map-style dataset's first epoch starts in this process: its
+    first few batches are fetched here, timed and delivered as usual, and the rest of the
+    epoch goes to the workers chosen from those times and the usable CPUs and memory. With
+    only `prefetch_factor="auto"`, or an IterableDataset, the choice is made at the first
+    `iter()`. It is stated in a log record of the "stoker" logger and in `stats().choice`.
+    `num_workers` and `prefetch_factor` read as ints throughout, as torch's do: until the
+    choice, the counts "auto" starts from (`num_workers`: one less than the usable CPUs, at
+    least 1 and at most 8, which is also what an IterableDataset gets; `prefetch_factor`: 2),
+    after it the counts chosen (0 and None included). Each is an int subclass that remembers
+    "auto": a loader made from the attributes of another (Lightning re-creating it around its
+    sampler, accelerate around a shard) asks for "auto" again and makes its own choice.
+
+    Args:
+        dataset: The dataset to load from: a map-style dataset (`__getitem__` and `__len__`)
+            or an `IterableDataset`.
+        batch_size: How many samples per batch. None turns automatic batching off: each
+            sample is passed on as it is, through `collate_fn` (or `default_convert`).
+            Defaults to 1.
+        shuffle: True reshuffles the data at every epoch (a `RandomSampler` drawing from
+            `generator`); None and False keep the dataset's order. Must not be True with
+            `sampler`, or be given at all with an IterableDataset (except a torch
+            `IterDataPipe` under `stoker.torch`, which takes it itself). Defaults to None.
+        sampler: The order of the indices to load: a `Sampler` or any iterable of indices.
+            None: sequential, or random with `shuffle=True`. Defaults to None.
+        batch_sampler: Like `sampler`, but yields the list of indices of each batch.
+            Mutually exclusive with `batch_size`, `shuffle`, `sampler`, `drop_last` and
+            `last_batch`. Defaults to None.
+        num_workers: How many workers load batches: 0 loads them in this process, at
+            `next()`; n > 0 runs n worker processes (threads with `thread_pool=True`);
+            "auto" lets the loader choose (see above). Defaults to 0.
+        collate_fn: Merges a list of samples into a batch. None: `default_collate` with
+            automatic batching, `default_convert` without it. Defaults to None.
+        pin_memory: True copies the tensors of each batch into page-locked (pinned) memory
+            before handing the batch out, as torch does (on a pin thread, safe under copies
+            on any stream). "born" (stoker's own, with process workers) hands out batches
+            born pinned in the loader's shared-memory slots, registered with CUDA, with no
+            pin copy; the user guide page "Feeding a GPU" states the rule it asks of the
+            consumer (copy each batch on the iterating thread's current stream, or
+            synchronise before dropping it). Defaults to False.
+        drop_last: True drops the last batch of an epoch when the dataset size is not
+            divisible by `batch_size`; False keeps it, smaller. Defaults to False.
+        timeout: Seconds to wait for a batch from the workers before raising `RuntimeError`;
+            0 waits as long as the workers live. Defaults to 0.
+        worker_init_fn: Called in each worker with its id (0 to `num_workers - 1`), after
+            seeding and before loading. Defaults to None.
+        multiprocessing_context: How worker processes start: a start method's name ("fork",
+            "spawn", "forkserver") or a multiprocessing context. None: multiprocessing's
+            default. Needs `num_workers > 0`. Defaults to None.
+        generator: The randomness of the sampler `shuffle=True` makes and of the workers'
+            base seeds: an int seed, a `numpy.random.Generator` or a `torch.Generator`. None
+            draws from the global RNG: numpy's, or torch's under `stoker.torch`, as torch's
+            loader does. Defaults to None.
+        prefetch_factor: Batches loaded ahead per worker; at most
+            `prefetch_factor * num_workers` batches are in flight. None means 2 with workers
+            and must stay None with `num_workers=0`; "auto" lets the loader choose (see
+            above). Defaults to None.
+        persistent_workers: True keeps the workers (and their dataset replicas) alive
+            between epochs instead of starting new ones at each `iter()`. Needs
+            `num_workers > 0`. Defaults to False.
+        pin_memory_device: Deprecated in torch, kept for compatibility: with `pin_memory`, a
+            non-empty value warns, as torch's does, and memory is pinned for the current
+            accelerator.
+            Defaults to "".
+        in_order: True hands out batches in the sampler's order; False hands out each as
+            soon as it is ready, so that a slow sample does not hold up the others.
+            Defaults to True.
+        last_batch: What to do with an epoch's short last batch (MXNet Gluon): "keep",
+            "discard" (as `drop_last=True`) or "rollover" (its samples open the next epoch's
+            first batch; map-style datasets only). None: `drop_last` decides. Needs the
+            loader's own batching (no `batch_sampler`, `batch_size` not None).
+            Defaults to None.
+        batchify_fn: Another name for `collate_fn` (MXNet Gluon's); give at most one of
+            them. Defaults to None.
+        thread_pool: With `num_workers > 0`, True makes the workers threads of this process
+            instead of processes (MXNet Gluon's); batches are then handed over by reference.
+            Defaults to False.
+        auto_reload: With `persistent_workers=True`, True starts the workers on the next
+            epoch's first batches as soon as the current epoch's last batch is sent, instead
+            of at the next `iter()`. It hides the epoch boundary, but those batches read the
+            dataset before the loop reaches `iter()`: a `dataset.set_epoch(e)` (or any
+            change to the dataset) made between epochs misses them; a sampler with
+            `set_epoch` is waited for. Defaults to False.
+        max_worker_restarts: How many times one iterator replaces a worker process that died
+            (killed by the OOM killer, a segfault, `os._exit`) and re-sends the batches it
+            owed, so that the epoch completes with every sample once, in order. 0: a
+            worker's death raises `WorkerDiedError`. No effect on thread workers and
+            `num_workers=0`. Defaults to 0.
+        seed_each_batch: True seeds a worker process's global RNGs (Python's `random`,
+            numpy's, torch's if imported) before each batch from (base seed, epoch, batch
+            position), so that a dataset drawing from them gives the same samples whatever
+            worker loads the batch and however many workers there are; with `num_workers=0`
+            the main process's RNG states are saved and restored around each fetch. Refused
+            with `thread_pool=True` and workers (threads share the global RNGs): draw from
+            `stoker.sample_rng()` there. Defaults to False.
+        stats: True keeps the live figures that `stats()` reads; False turns them off, with
+            their small cost. Defaults to True.
+        progress: True draws a tqdm bar per epoch (needs tqdm:
+            `pip install stoker[progress]`) and `stats=True`. Defaults to False.
+
+    Raises:
+        TypeError: when an argument has the wrong type: `num_workers` not an int or "auto",
+            `prefetch_factor` not an int, None or "auto", `max_worker_restarts` not an int,
+            `timeout` not a number, `pin_memory` neither a bool nor a string,
+            `pin_memory_device` not a str, `collate_fn`, `batchify_fn` or `worker_init_fn`
+            neither callable nor None, `generator` not None, an int, a numpy or a torch
+            Generator, `multiprocessing_context` neither a start method's name nor a
+            context, or one of `in_order`, `thread_pool`, `auto_reload`, `seed_each_batch`,
+            `stats`, `progress` not a bool.
+        ValueError: when the values contradict torch's rules or each other: a negative
+            `num_workers`, `timeout`, `prefetch_factor`, `max_worker_restarts` or int
+            `generator`; `prefetch_factor` or `persistent_workers=True` or
+            `multiprocessing_context` with `num_workers=0`; an unknown start method;
+            `pin_memory` another string than "born"; `last_batch` not one of "keep",
+            "discard", "rollover" or None; `sampler` with `shuffle=True`; `batch_sampler`
+            with `batch_size`, `shuffle`, `sampler` or `drop_last`; `batch_size=None` with
+            `drop_last=True`; `last_batch` with `batch_sampler` or `batch_size=None`, or
+            with `drop_last=True` unless "discard"; an IterableDataset with `shuffle`,
+            `sampler`, `batch_sampler` or `last_batch="rollover"`; both `collate_fn` and
+            `batchify_fn`; `auto_reload=True` without `persistent_workers=True`;
+            `progress=True` with `stats=False`; `seed_each_batch=True` with
+            `thread_pool=True` and workers.
+        ImportError: when `progress=True` and tqdm is not installed.
     """
 
     _flavour = "numpy"
@@ -455,6 +544,12 @@ class DataLoader(Generic[T_co]):
     # ------------------------------------------------------------ attributes
     @property
     def multiprocessing_context(self) -> multiprocessing.context.BaseContext | None:
+        """The context worker processes start with (a start method's name given to the
+        constructor reads back as its context), or None for multiprocessing's default.
+
+        Setting it raises ValueError without `num_workers > 0` or for an unknown start
+        method's name, and TypeError for a value that is neither a name nor a context.
+        """
         return self.__multiprocessing_context
 
     @multiprocessing_context.setter
@@ -603,8 +698,24 @@ class DataLoader(Generic[T_co]):
 
     # -------------------------------------------------------------- iteration
     def __iter__(self) -> LoaderIterator[Any]:
-        """An iterator over one epoch's batches (with persistent workers, the next epoch of
-        the loader's one iterator)."""
+        """Start an epoch: an iterator over its batches.
+
+        Without `persistent_workers`, each call starts new workers (the previous epoch's
+        iterator, if still running, keeps its own). With `persistent_workers=True`, it
+        returns the loader's one iterator, moved to the next epoch. After
+        `load_state_dict`, the epoch continues from the saved point.
+
+        Returns:
+            An iterator over the epoch's batches; `len()` of it is `len(loader)`.
+
+        Raises:
+            Exception: in `next()`, what the dataset, `collate_fn` or `worker_init_fn`
+                raised in a worker, re-raised in this process at that batch (a
+                `WorkerError` when its type cannot be rebuilt here).
+            WorkerDiedError: in `next()`, when a worker process died and
+                `max_worker_restarts` replacements were spent.
+            RuntimeError: in `next()`, when no batch came within `timeout` seconds.
+        """
         begun = clock()
         if self._pid != os.getpid():
             # a process forked from the loader's: the persistent workers and the arena's
@@ -663,13 +774,14 @@ class DataLoader(Generic[T_co]):
         makes its next `iter()` continue exactly from here.
 
         Returns:
-            dict: the state, JSON-able.
+            The state, made of plain JSON values (dicts, lists, strings, numbers).
 
         Raises:
-            TypeError: the dataset is an IterableDataset that cannot save its position: it
-                does not follow the Stateful protocol (`state_dict()` with no argument,
+            TypeError: when the dataset is an IterableDataset that cannot save its position:
+                it does not follow the Stateful protocol (`state_dict()` with no argument,
                 `load_state_dict(state)`), or its `state_dict()` raised or returned a value
                 that is not plain JSON. The message names the dataset's type and the reason.
+                (`stoker.torch.DataLoader` returns a state saying so instead.)
         """
         state, reason = self._state_or_reason()
         if state is None:
@@ -709,8 +821,23 @@ class DataLoader(Generic[T_co]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a `state_dict()`: the next `iter()` yields exactly the batches the
-        saved run would have yielded next, and the epochs after match too. A state from
-        another configuration raises ValueError saying what differs, and changes nothing."""
+        saved run would have yielded next, and the epochs after match too.
+
+        A persistent iterator still running is closed. The state may come from a loader with
+        another `num_workers`, `prefetch_factor`, `batch_size` or number of ranks, within
+        what the user guide page "Randomness and resume" describes; an IterableDataset
+        resumes only with the same number of workers.
+
+        Args:
+            state: What `state_dict()` returned (also after a round trip through JSON).
+
+        Raises:
+            ValueError: when the state is from another configuration (another dataset
+                length, sampler, shuffle, seed source...), from another version of the state
+                format, lacks a key, or holds the states of another number of IterableDataset
+                replicas than this loader's `num_workers`. The message says what differs, and
+                nothing is applied.
+        """
         plan = self._plan()
         config = describe_resume(plan)
         check_resume(state, config)
@@ -734,8 +861,14 @@ class DataLoader(Generic[T_co]):
         self._epochs_started = int(state["epoch"])
 
     def __len__(self) -> int:
-        """The number of batches in an epoch; for an IterableDataset, an estimate from
-        `len(dataset)` (a warning follows if more batches arrive)."""
+        """The number of batches in an epoch (samples without automatic batching).
+
+        For an IterableDataset, an estimate from `len(dataset)` (a warning follows if more
+        batches arrive), as torch's.
+
+        Raises:
+            TypeError: when the dataset (or the sampler) has no `len()`.
+        """
         if self._iterable:
             length = self._iterable_len_called = len(self.dataset)  # type: ignore[arg-type]
             if self.batch_size is not None:
@@ -744,9 +877,18 @@ class DataLoader(Generic[T_co]):
         return len(self._index_sampler)
 
     def stats(self) -> LoaderStats:
-        """The `LoaderStats` of this loader's latest iterator (the epoch it is delivering,
-        or delivered last), also after that iterator was dropped. Raises RuntimeError before
-        the first `iter()` and with `stats=False`."""
+        """The figures of this loader's latest epoch: the one it is delivering, or the one
+        it delivered last (also after its iterator was dropped).
+
+        Returns:
+            A `LoaderStats` snapshot (batches, throughput, the consumer's waits, per-worker
+            figures, what "auto" chose); the user guide page "Statistics and the doctor"
+            explains its fields.
+
+        Raises:
+            RuntimeError: when the loader was made with `stats=False`, or before the first
+                `iter()`.
+        """
         if not self.stats_enabled:
             raise RuntimeError(
                 "this DataLoader was made with stats=False, so it keeps no statistics; make it "
@@ -760,6 +902,8 @@ class DataLoader(Generic[T_co]):
         return self._last_recorder.snapshot(0)
 
     def check_worker_number_rationality(self) -> None:
-        """Warn (as torch does) when num_workers exceeds the CPUs this process may use."""
+        """Warn, with torch's `UserWarning`, when `num_workers` exceeds the CPUs this
+        process may use (torch's method of the same name; the constructor and `iter()` call
+        it already)."""
         if self._auto is None:
             warn_if_too_many_workers(self.num_workers, stacklevel=3)

@@ -61,12 +61,15 @@ class DataLoader(_loader.DataLoader[T_co], _td.DataLoader[T_co]):  # type: ignor
         return _td.BatchSampler(sampler, batch_size, drop_last)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader is, as `stoker.DataLoader.state_dict` gives it; for an
-        IterableDataset that cannot save its position (not Stateful, or its `state_dict()`
-        failed), a state saying so: `{"stream_without_state": type name, "reason": why, ...}`.
+        """Where this loader is, as `stoker.DataLoader.state_dict` gives it.
+
+        For an IterableDataset that cannot save its position (not Stateful, or its
+        `state_dict()` failed), a state saying so rather than a `TypeError`, since training
+        frameworks save every loader's state with a checkpoint:
+        `{"stream_without_state": type name, "reason": why, ...}`.
 
         Returns:
-            dict: the state, JSON-able.
+            The state, made of plain JSON values.
         """
         # Frameworks save every loader's state with a checkpoint (Lightning asks any loader that
         # has state_dict and load_state_dict, with no way to opt out): a stream that cannot save
@@ -83,12 +86,12 @@ class DataLoader(_loader.DataLoader[T_co], _td.DataLoader[T_co]):  # type: ignor
         of a stream without state restarts that stream, with a `UserWarning` saying why.
 
         Args:
-            state (dict): what `state_dict()` gave.
+            state: What `state_dict()` returned.
 
         Raises:
-            ValueError: the state is from another configuration, or is a stream-without-state
-                state given to a loader whose dataset is another type that can save its
-                position; nothing is applied.
+            ValueError: when the state is from another configuration, or is a
+                stream-without-state state given to a loader whose dataset is another type
+                that can save its position; nothing is applied.
         """
         if isinstance(state, dict) and "stream_without_state" in state:
             name = type(self.dataset).__name__

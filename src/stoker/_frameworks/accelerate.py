@@ -305,11 +305,27 @@ def install() -> None:
 
 
 def adopt(target: Any, **options: Any) -> Any:
-    """Make `target`'s loaders stoker's: `target` is an `accelerate.Accelerator` (its
-    `prepare` turns every torch DataLoader into a stoker one built from the same arguments,
-    sharded as accelerate shards it) or a `transformers.Trainer` (its accelerator, so the
-    loaders the Trainer builds are stoker's). `options`: stoker's own DataLoader options
-    (thread_pool, max_worker_restarts, seed_each_batch, stats, progress). Returns `target`."""
+    """Make the loaders of an accelerate `Accelerator` or a transformers `Trainer` stoker's.
+
+    From then on, the accelerator's `prepare` turns every torch DataLoader it is given into
+    a `stoker.torch.DataLoader` built from the same arguments (plus `options`) and sharded
+    as accelerate shards it; for a Trainer, its accelerator does so with the loaders the
+    Trainer builds. The user guide page "Lightning, accelerate, the Trainer" shows it in use.
+
+    Args:
+        target: An `accelerate.Accelerator`, or a `transformers.Trainer` (whose accelerator
+            is adopted).
+        **options: stoker's own DataLoader arguments to give the loaders it builds:
+            `thread_pool`, `max_worker_restarts`, `seed_each_batch`, `stats`, `progress`.
+
+    Returns:
+        `target` itself.
+
+    Raises:
+        TypeError: when `target` is neither an Accelerator nor a Trainer (accelerate, or
+            transformers, not imported counts as neither), or an option is not one of those
+            above.
+    """
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise TypeError(f"adopt() got unknown stoker option(s) {unknown}; it accepts {list(OPTIONS)}")
