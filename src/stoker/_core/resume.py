@@ -253,9 +253,6 @@ def capture_epoch(index_sampler: Any, seed_source: RandomSource, draws_seed: boo
     user = stateful_user_sampler(index_sampler)
     if user is not None:
         sampler["user"] = user.state_dict()
-    sharded = distributed_sampler(index_sampler)
-    if sharded is not None and getattr(sharded, "seed_agreed", False):
-        sampler["seed"] = int(sharded.seed)
     return {
         "rng": [source.capture() for source in _sources(index_sampler, seed_source)],
         "sampler": sampler,
@@ -291,9 +288,6 @@ def open_epoch(
         sampler_state = origin.get("sampler", {})
         if isinstance(index_sampler, BatchSampler):
             index_sampler._leftover = [int(i) for i in sampler_state.get("rollover", [])]
-        sharded = distributed_sampler(index_sampler)
-        if "seed" in sampler_state and sharded is not None:  # a seed the ranks agreed on
-            sharded.seed = int(sampler_state["seed"])
         if "epoch" in sampler_state:
             for part in (index_sampler, _inner(index_sampler)):
                 if part is not None and hasattr(part, "set_epoch"):
@@ -361,7 +355,7 @@ def describe(plan: Any) -> dict[str, Any]:
         config["num_replicas"] = sharded.num_replicas
         config["rank"] = sharded.rank
         config["total_size"] = sharded.total_size
-        config["sampler_seed"] = "agreed" if getattr(sharded, "seed_agreed", False) else sharded.seed
+        config["sampler_seed"] = sharded.seed
     return config
 
 
