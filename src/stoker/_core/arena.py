@@ -473,9 +473,7 @@ class SlotPool:
         self.punched: dict[int, int] = {}  # slot id -> bytes given back while it is leased
         self.orders = 0  # slot orders so far: the clock of `partial`
         self.whole: dict[int, np.ndarray] = {}  # slot id -> a uint8 array over it, for copies
-        # pages are given back only by the process that made the pool: a forked child's copy
-        # of it must never punch memory its parent's workers are writing
-        self.pid = os.getpid()
+        self.pid = os.getpid()  # the process that made the pool: it alone gives pages back
         self.peak_need = 0  # bytes the largest batch so far occupied
         # pinned slots (see hostpin): a released slot is fenced, and handed out once its
         # fence is done, so that no worker writes into it while a copy may still read it
@@ -491,12 +489,7 @@ class SlotPool:
             self._settle_leaves()
         if self.partial:
             self._punch_stale()
-        while self.released:
-            slot_id = self.released.popleft()
-            if slot_id in self.maps:
-                self.free.append(slot_id)
-                if self.fence is not None:
-                    self.fences[slot_id] = self.fence()
+        self._collect_released()
         best, best_key = -1, (False, -1)
         fenced = -1
         for i, slot_id in enumerate(self.free):
@@ -517,6 +510,21 @@ class SlotPool:
         slot_id = self.free.pop(best)
         self.fences.pop(slot_id, None)
         return slot_id
+
+    def _collect_released(self) -> None:
+        """Move the released slots to the free list (fencing each, when slots are pinned)."""
+        while self.released:
+            slot_id = self.released.popleft()
+            if slot_id in self.maps:
+                self.free.append(slot_id)
+                if self.fence is not None:
+                    self.fences[slot_id] = self.fence()
+
+    def _give_back(self, address: int, length: int) -> bool:
+        """Return a range of a slot's pages to the system (they read as zeros after); only in
+        the process that made the pool: a forked child's copy of it must never take pages from
+        slots its parent's workers write."""
+        return os.getpid() == self.pid and _libc.madvise(address, length, _MADV_REMOVE) == 0
 
     def lease(self, slot_id: int) -> np.ndarray:
         """The array every view of the slot's batch derives from; when the last of them is
@@ -586,8 +594,6 @@ class SlotPool:
     def settle(self) -> None:
         """Count the leaves gone so far, and give back the pages of every gone array whose
         batch is partly kept, however recent (at the end of an epoch, and when the arena goes)."""
-        if os.getpid() != self.pid:
-            return
         self._settle_leaves()
         self._punch_stale(after=0)
 
@@ -595,26 +601,19 @@ class SlotPool:
         """Give back the pages of every free slot (the workers are gone): between epochs the
         loader holds no batch memory of its own, as torch's does not. The slots stay mapped;
         the next workers that write them get zeroed pages."""
-        if os.getpid() != self.pid or self.fence is not None:  # registered: pages stay in place
+        if self.fence is not None:  # registered with CUDA: the pages stay where it maps them
             return
         self.settle()
-        while self.released:
-            slot_id = self.released.popleft()
-            if slot_id in self.maps:
-                self.free.append(slot_id)
+        self._collect_released()
         for slot_id in self.free:
             size = self.sizes[slot_id]
-            if self.punched.get(slot_id) == size:
-                continue
-            if _libc.madvise(ctypes.addressof(self.maps[slot_id]), size, _MADV_REMOVE) == 0:
+            if self.punched.get(slot_id) != size and self._give_back(ctypes.addressof(self.maps[slot_id]), size):
                 self.punched[slot_id] = size
 
     def _punch_stale(self, after: int = PUNCH_AFTER_ORDERS) -> None:
         """Give back the pages of arrays that went while others of their batch are kept (for
         `after` orders): the slot stays leased, but holds only what is kept. The pages come
         back zeroed when the slot is written again."""
-        if os.getpid() != self.pid:
-            return
         for slot_id, (since, ranges) in list(self.partial.items()):
             if self.orders - since < after:
                 continue
@@ -626,7 +625,7 @@ class SlotPool:
             for start, end in ranges:
                 first = _page_rounded(start)
                 last = end // mmap.PAGESIZE * mmap.PAGESIZE
-                if last > first and _libc.madvise(address + first, last - first, _MADV_REMOVE) == 0:
+                if last > first and self._give_back(address + first, last - first):
                     self.punched[slot_id] = self.punched.get(slot_id, 0) + last - first
 
     def forget(self, slot_id: int) -> int | None:
