@@ -40,20 +40,21 @@ MB = 1 << 20
 TARGET = 1.1
 
 
-def meminfo_shmem() -> int:
-    with open("/proc/meminfo") as f:
+def _kib_field(path: str, name: str) -> int:
+    """The bytes of a "Name:  N kB" line of a /proc file."""
+    with open(path) as f:
         for line in f:
-            if line.startswith("Shmem:"):
+            if line.startswith(name + ":"):
                 return int(line.split()[1]) * 1024
-    raise RuntimeError("no Shmem line in /proc/meminfo")
+    raise RuntimeError(f"no {name} line in {path}")
+
+
+def meminfo_shmem() -> int:
+    return _kib_field("/proc/meminfo", "Shmem")
 
 
 def rss_anon() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no RssAnon line in /proc/self/status")
+    return _kib_field("/proc/self/status", "RssAnon")
 
 
 def one_run(loader_name: str, case: str, batches: int) -> dict[str, Any]:

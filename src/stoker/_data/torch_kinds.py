@@ -3,8 +3,8 @@
 `Dataset`, `IterableDataset` and `Sampler` are torch's own classes, and so are
 `ConcatDataset` and `ChainDataset`: they are what `a + b` makes of torch's datasets, so the
 exported name must be that class. The other dataset wrappers and the samplers subclass both
-stoker's class (its behaviour: torch's exact random sequences, a
-rank-agreed seed, skipping an epoch's consumed batches without fetching them on resume) and
+stoker's class (its behaviour: torch's exact random sequences, skipping an epoch's
+consumed batches without fetching them on resume, elastic resume across world sizes) and
 torch's (its type), so that `isinstance` checks in torch and in training frameworks
 (Lightning's sampler injection, accelerate's `prepare`) answer as they do for torch's.
 """
