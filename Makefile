@@ -12,11 +12,12 @@ STAMP := $(VENV)/.installed
 
 # pip would compile what it installs on one core (~75 s of CPU here); compileall uses every
 # core. Skipped: a file of torch's test helpers written for Python 3.12 only.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml benchmarks/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --no-compile -e '.[test,test-frameworks,test-datasets,bench,ray,vision,docs]' '$(TORCH_PIN)'
 	$(PY) -m pip install --quiet --no-compile --no-deps '$(LITDATA_PIN)'
+	$(PY) -m pip install --quiet --no-compile --no-deps -e benchmarks
 	$(PY) -m compileall -q -j 0 -x '/torch/testing/_internal/py312' \
 		"$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" src
 	touch $(STAMP)
@@ -35,10 +36,11 @@ pytest: $(STAMP)
 	$(PY) -m pytest -q
 
 # Bytecode as a wheel install would leave it (an editable install leaves none, and with
-# PYTHONDONTWRITEBYTECODE set every spawn/forkserver worker would compile stoker afresh).
+# PYTHONDONTWRITEBYTECODE set every spawn/forkserver worker would compile stoker and the
+# harness's workloads afresh). benchmarks/run.py is the harness (benchmarks/stoker_bench).
 bench: $(STAMP)
-	$(PY) -m compileall -q src
-	$(VENV)/bin/stoker bench
+	$(PY) -m compileall -q src benchmarks/stoker_bench
+	$(PY) benchmarks/run.py
 	$(PY) benchmarks/close_times.py
 	$(PY) benchmarks/resume_cost.py
 	$(PY) benchmarks/memory.py

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 # Names are imported on first use, so that a worker process (spawn, forkserver) that
 # unpickles a dataset subclassing stoker.Dataset imports what it needs and not the loader,
-# the iterator, the bench or the doctor: start-up time is import time there.
+# the iterator or the doctor: start-up time is import time there.
 _EXPORTS = {
     "UnshardedWarning": "._core.errors",
     "WorkerDiedError": "._core.errors",

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from stoker._tools import raybench
+from stoker_bench import raybench
 
 
 def report(two_nodes):

@@ -1,6 +1,7 @@
-"""The pieces of `stoker bench`: the steady-state window, rates and main-process CPU per batch
-over it, W7's epoch sizes and dataset, the environment it records, the W7 targets, the stats
-overhead pairs and the num_workers="auto" rows (and two tiny runs of them), and the chart."""
+"""The pieces of the benchmark harness (benchmarks/stoker_bench/bench): the steady-state window,
+rates and main-process CPU per batch over it, W7's epoch sizes and dataset, the environment it
+records, the W7 targets, the stats overhead pairs and the num_workers="auto" rows (and two tiny
+runs of them), and the chart."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from dataclasses import asdict
 
 import pytest
 
-from stoker._tools import bench as bench
-from stoker._tools.bench import runner
+from stoker_bench import bench as bench
+from stoker_bench.bench import runner
 
 
 def test_steady_window_leaves_out_the_prefetch_at_each_end() -> None:
@@ -408,8 +409,13 @@ def test_importing_the_bench_does_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = "import sys, stoker._tools.bench; print('torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+    import stoker_bench
+
+    code = "import sys, stoker_bench.bench; print('torch' in sys.modules)"
+    paths = [stoker_bench.HOME, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))  # the harness need not be installed
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert done.stdout.strip() == "False"
 
 
 def test_torch_free_first_batch_runs_in_a_fresh_process_without_torch() -> None:

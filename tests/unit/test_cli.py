@@ -1,4 +1,5 @@
-"""`stoker bench` end to end on a tiny plan, and its argument errors."""
+"""The two command lines: the benchmark harness's (`python benchmarks/run.py`) end to end on a
+tiny plan, and its argument errors; the `stoker` command, which has the doctor only."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import os
 
 import pytest
 
-from stoker._tools.cli import main
+from stoker._tools.cli import main as stoker_main
+from stoker_bench.cli import main
 
 
 def test_bench_quick_writes_table_json_and_chart(tmp_path, capsys) -> None:
     out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
     code = main(
-        ["bench", "--quick", "--workloads", "W1,W4", "--workers", "0,1", "--no-torch",
+        ["--quick", "--workloads", "W1,W4", "--workers", "0,1", "--no-torch",
          "--json", str(out_json), "--png", str(out_png)]
     )
     assert code == 0
@@ -35,7 +37,7 @@ def test_bench_quick_writes_table_json_and_chart(tmp_path, capsys) -> None:
 
 def test_bench_sets_no_thread_variables(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    code = main(["bench", "--quick", "--workloads", "W1", "--workers", "0", "--no-torch", "--out-dir", str(tmp_path)])
+    code = main(["--quick", "--workloads", "W1", "--workers", "0", "--no-torch", "--out-dir", str(tmp_path)])
     assert code == 0
     assert "OMP_NUM_THREADS" not in os.environ
     report = json.loads((tmp_path / "bench.json").read_text())
@@ -46,7 +48,7 @@ def test_bench_sets_no_thread_variables(tmp_path, monkeypatch, capsys) -> None:
 def test_bench_w7_quick_through_torch_loaders(tmp_path, capsys) -> None:
     torch = pytest.importorskip("torch")
     threads = torch.get_num_threads()
-    code = main(["bench", "--quick", "--workloads", "W7", "--workers", "1", "--out-dir", str(tmp_path)])
+    code = main(["--quick", "--workloads", "W7", "--workers", "1", "--out-dir", str(tmp_path)])
     assert code == 0
     assert torch.get_num_threads() == threads  # the bench leaves torch's threads alone
     printed = capsys.readouterr().out
@@ -61,15 +63,48 @@ def test_bench_w7_quick_through_torch_loaders(tmp_path, capsys) -> None:
 
 
 def test_bench_rejects_unknown_workloads_and_workers(capsys) -> None:
-    assert main(["bench", "--workloads", "W12"]) == 2
+    assert main(["--workloads", "W12"]) == 2
     assert "unknown workloads" in capsys.readouterr().err
-    assert main(["bench", "--workers", "two"]) == 2
+    assert main(["--workers", "two"]) == 2
     assert "--workers takes integers" in capsys.readouterr().err
-    assert main(["bench", "--workers", "-1"]) == 2
+    assert main(["--workers", "-1"]) == 2
     assert "--workers takes numbers >= 0" in capsys.readouterr().err
 
 
 def test_version(capsys) -> None:
     with pytest.raises(SystemExit) as info:
-        main(["--version"])
+        stoker_main(["--version"])
     assert info.value.code == 0 and "stoker 0.1.0" in capsys.readouterr().out
+
+
+def test_the_stoker_command_has_the_doctor_and_no_bench(capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        stoker_main(["--help"])
+    assert info.value.code == 0
+    printed = capsys.readouterr().out
+    assert "doctor" in printed and "bench" not in printed
+    with pytest.raises(SystemExit) as info:
+        stoker_main(["bench", "--quick"])
+    assert info.value.code == 2 and "invalid choice: 'bench'" in capsys.readouterr().err
+
+
+def test_run_py_runs_the_harness_from_a_clone(tmp_path) -> None:
+    """benchmarks/run.py in a fresh interpreter that has only stoker on its path (the harness
+    not installed), started from another folder."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=str(root / "src"))
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "run.py"), "--quick", "--workloads", "W1", "--workers", "0",
+         "--no-torch", "--out-dir", str(tmp_path)],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=110,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "W1" in done.stdout and (tmp_path / "bench.json").exists()
+    done = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "run.py"), "--help"], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0 and "--workloads" in done.stdout and "--gpu" in done.stdout

@@ -1,4 +1,4 @@
-"""`stoker bench --gpu`: the skip line without a GPU, and its measuring code run on the CPU
+"""`stoker-bench --gpu`: the skip line without a GPU, and its measuring code run on the CPU
 with tiny sizes (the only way to run it where no GPU is)."""
 
 from __future__ import annotations
@@ -8,30 +8,30 @@ import warnings
 
 import pytest
 
-from stoker._tools import gpubench
-from stoker._tools.cli import main
+from stoker_bench import gpubench
+from stoker_bench.cli import main
 
 
 def test_gpu_quick_skips_without_a_gpu(tmp_path, capsys) -> None:
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is present: the skip path does not run here")
-    code = main(["bench", "--gpu", "--quick", "--out-dir", str(tmp_path)])
+    code = main(["--gpu", "--quick", "--out-dir", str(tmp_path)])
     assert code == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1
-    assert lines[0].startswith("stoker bench --gpu: skipped: no CUDA GPU")
+    assert lines[0].startswith("stoker-bench --gpu: skipped: no CUDA GPU")
     assert "torch.cuda.is_available() is False" in lines[0]
     assert not (tmp_path / "gpubench.json").exists()
 
 
 def test_gpu_refuses_no_torch(capsys) -> None:
-    assert main(["bench", "--gpu", "--no-torch"]) == 2
+    assert main(["--gpu", "--no-torch"]) == 2
     assert "--no-torch" in capsys.readouterr().err
 
 
 def test_gpu_bad_workers_are_refused(capsys) -> None:
-    assert main(["bench", "--gpu", "--workers", "x"]) == 2
+    assert main(["--gpu", "--workers", "x"]) == 2
     assert "--workers takes integers" in capsys.readouterr().err
 
 

@@ -10,8 +10,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("PIL")
 
-from stoker._tools import jpegbench
 from stoker._vision import photos
+from stoker_bench import jpegbench
 
 
 def test_w9_rows_on_a_few_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

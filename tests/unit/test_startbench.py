@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from stoker._tools import startbench
-from stoker._tools.cli import main
+from stoker_bench import startbench
+from stoker_bench.cli import main
 
 
 def test_the_fit_recovers_a_line() -> None:
@@ -19,7 +19,7 @@ def test_the_fit_recovers_a_line() -> None:
 
 def test_w10_and_w11_quick(tmp_path, capsys) -> None:
     pytest.importorskip("torch")
-    assert main(["bench", "--quick", "--workloads", "W10,W11", "--workers", "1,2", "--out-dir", str(tmp_path)]) == 0
+    assert main(["--quick", "--workloads", "W10,W11", "--workers", "1,2", "--out-dir", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "W10 start-up" in printed and "W11 small samples" in printed and "per worker" in printed
     assert not (tmp_path / "bench.json").exists()  # W1-W9's report is not made for these alone

@@ -18,8 +18,9 @@ from .._data.samplers import BatchSampler
 # start (~40 ms between one task's last batch and the next task's first, measured). On the
 # images workload (3x224x224 uint8, batch 64, an epoch of 80 batches, one node of 2 cores, Ray
 # given 2 CPUs), epoch samples/s by task count: 16 tasks 3,837, 8 4,077, 4 4,455, 2 5,013 (one
-# `python -m stoker._tools.raybench` run; an earlier sweep, medians of 3: 16 3,154, 8 3,505,
-# 4 3,981, 2 4,036). Not fewer than one per CPU: tasks are what Ray spreads over the cluster.
+# `python -m stoker_bench.raybench` run, from the repository's benchmarks/; an earlier sweep,
+# medians of 3: 16 3,154, 8 3,505, 4 3,981, 2 4,036). Not fewer than one per CPU: tasks are
+# what Ray spreads over the cluster.
 UNITS_PER_TASK = 40
 SAMPLES_PER_FETCH = 64  # to_ray_dataset: indices per __getitems__ call (a dataset that has one)
 

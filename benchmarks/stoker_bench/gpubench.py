@@ -1,6 +1,6 @@
-"""`stoker bench --gpu`: how well each loader keeps a GPU step fed.
+"""`stoker-bench --gpu`: how well each loader keeps a GPU step fed.
 
-The pipeline is `stoker bench`'s W7 (random 224x224 crops + flips of 3x256x256 uint8 images
+The pipeline is `stoker-bench`'s W7 (random 224x224 crops + flips of 3x256x256 uint8 images
 as torch tensors, an int label, shuffled, batch 256, `prefetch_factor=4`), run end to end into
 a fixed GPU step:
 
@@ -66,7 +66,7 @@ DEPTH = 2  # to_device's depth
 
 @dataclass(frozen=True)
 class Plan:
-    """What one `stoker bench --gpu` run measures."""
+    """What one `stoker-bench --gpu` run measures."""
 
     workers: tuple[int, ...] = DEFAULT_WORKERS
     reps: int = 3
@@ -247,8 +247,8 @@ def copy_rates(device: Any, nbytes: int = COPY_BYTES, repeats: int = 20) -> dict
     stoker's pinned arena is), and of the `pin_memory()` copy itself (host to host)."""
     import torch
 
-    from .._core.arena import _create_slot_memory
-    from .._core.hostpin import CudaRegistrar
+    from stoker._core.arena import _create_slot_memory
+    from stoker._core.hostpin import CudaRegistrar
 
     def rate(source: Any) -> float:
         target = torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -416,7 +416,7 @@ def main(workers: list[int] | None, reps: int, quick: bool, json_path: str) -> i
     it skipped for want of a GPU."""
     why = unavailable()
     if why is not None:
-        print(f"stoker bench --gpu: skipped: {why}", flush=True)
+        print(f"stoker-bench --gpu: skipped: {why}", flush=True)
         return 0
     if quick:
         plan = Plan.quick(workers if workers is not None else QUICK_WORKERS)

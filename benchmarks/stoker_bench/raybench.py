@@ -1,4 +1,4 @@
-"""`stoker bench`'s Ray rows: stoker.ray on the images workload (W2: 3x224x224 uint8, batch 64).
+"""`stoker-bench`'s Ray rows: stoker.ray on the images workload (W2: 3x224x224 uint8, batch 64).
 
 1. One node, Ray given 2 CPUs (`ray.init(num_cpus=2)` in this process): `stoker.ray.DataLoader`
    against `stoker.DataLoader(num_workers=2)` and `torch.utils.data.DataLoader(num_workers=2)`,
@@ -32,6 +32,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
+
+from . import HOME
 
 BATCH = 64
 SAMPLES = 5120  # 80 batches, 770 MB an epoch
@@ -317,9 +319,15 @@ def two_nodes(samples: int) -> dict[str, Any]:
     out = tempfile.mktemp(prefix="raybench-", suffix=".json")
     command = [
         *NAMESPACE, "sh", "-c", 'ip link set lo up && exec "$0" "$@"',
-        sys.executable, "-m", "stoker._tools.raybench", "--two-nodes", str(samples), out,
+        sys.executable, "-m", "stoker_bench.raybench", "--two-nodes", str(samples), out,
     ]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    # the harness need not be installed: its folder goes on the fresh interpreter's PYTHONPATH
+    # (and so on that of the Ray cluster it starts, whose workers unpickle the dataset)
+    paths = [HOME, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)))
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env
+    )
     try:
         output, _ = proc.communicate(timeout=TWO_NODE_TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -1,4 +1,4 @@
-"""`stoker bench`'s runner: the `Plan`, the jobs of each repetition (`_jobs`: every workload,
+"""`stoker-bench`'s runner: the `Plan`, the jobs of each repetition (`_jobs`: every workload,
 loader and number of workers, the stats pairs and the "auto" blocks), running them
 interleaved (`run`) and recording each measurement into its result row."""
 

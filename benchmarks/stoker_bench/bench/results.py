@@ -1,4 +1,4 @@
-"""`stoker bench`'s result rows (`Result`, keyed by workload, loader, workers and variant) and
+"""`stoker-bench`'s result rows (`Result`, keyed by workload, loader, workers and variant) and
 the figures derived from them: W3's scaling, the arena in batches, the stats overhead,
 num_workers="auto" against the best hand-picked setting, and the issue's targets."""
 

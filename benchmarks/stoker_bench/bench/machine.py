@@ -1,4 +1,4 @@
-"""What `stoker bench` records of the machine: the memcpy ceilings (one core, two threads) and
+"""What `stoker-bench` records of the machine: the memcpy ceilings (one core, two threads) and
 the environment as found (CPUs, torch's threads, thread variables, stoker's bytecode)."""
 
 from __future__ import annotations

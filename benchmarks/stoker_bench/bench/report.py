@@ -1,4 +1,4 @@
-"""`stoker bench`'s outputs in text: the table of a report (rows, W3's scaling, the arena, the
+"""`stoker-bench`'s outputs in text: the table of a report (rows, W3's scaling, the arena, the
 torch-free start-up, the stats overhead, "auto", the environment and the targets) and the JSON."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`stoker bench`: standard synthetic workloads through stoker and torch.utils.data.
+"""`stoker-bench`: standard synthetic workloads through stoker and torch.utils.data.
 
 Every workload runs each loader (`stoker`, `stoker.torch`, and `torch.utils.data` when torch
 is installed) at each number of workers, with repetitions interleaved (the repetition loop

@@ -1,4 +1,4 @@
-"""`stoker bench`'s workloads: the datasets of W1-W8, the sizes of their epochs (`Sizes`), W3's
+"""`stoker-bench`'s workloads: the datasets of W1-W8, the sizes of their epochs (`Sizes`), W3's
 busy-work calibration, and the loaders compared (`loader_modules`)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""How `stoker bench` times one run: an epoch's steady-state window, its samples/s and the main
+"""How `stoker-bench` times one run: an epoch's steady-state window, its samples/s and the main
 process's CPU per batch (`_epoch_rate`), the arena over the window, the stats-on/off pairs,
 W5's time to the first batch (the torch-free case in a fresh process) and W6's epoch boundary."""
 

@@ -1,4 +1,4 @@
-"""`stoker bench`'s chart: samples/s per workload and loader, and below, when measured, the
+"""`stoker-bench`'s chart: samples/s per workload and loader, and below, when measured, the
 stats overhead, "auto" against the best hand-picked setting, and the arena in batches."""
 
 from __future__ import annotations

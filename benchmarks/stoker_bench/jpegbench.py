@@ -1,4 +1,4 @@
-"""W9 of `stoker bench`: real JPEGs from disk through an ImageNet training pipeline.
+"""W9 of `stoker-bench`: real JPEGs from disk through an ImageNet training pipeline.
 
 The files: `FILES` distinct JPEGs (quality 90) at ImageNet's common sizes, made once from the
 photographs scikit-image ships (`_vision/photos.py`; nothing downloaded) and kept in the
@@ -58,7 +58,7 @@ class Standard:
         import torch
         from PIL import Image
 
-        from .._vision.crop import crop_box
+        from stoker._vision.crop import crop_box
 
         rng = np.random.default_rng()
         with open(self.paths[i], "rb") as file:
@@ -77,7 +77,7 @@ class Fused:
     """`DecodeCrop(224)`: uint8 CHW out."""
 
     def __init__(self, paths: list[str]) -> None:
-        from ..vision import DecodeCrop
+        from stoker.vision import DecodeCrop
 
         self.paths = paths
         self.decode = DecodeCrop(SIZE)
@@ -91,7 +91,7 @@ class Fused:
 
 def files(count: int) -> list[str]:
     """The W9 JPEGs, made on first use in the temporary folder."""
-    from .._vision.photos import make_jpegs
+    from stoker._vision.photos import make_jpegs
 
     root = os.path.join(tempfile.gettempdir(), f"stoker-w9-{count}")
     return make_jpegs(root, count)
@@ -155,7 +155,7 @@ def run(workers: list[int], reps: int, quick: bool) -> dict[str, Any]:
 
 def decoder_name() -> str:
     """Which decoder the fused rows used."""
-    from .._vision import crop
+    from stoker._vision import crop
 
     if crop._simplejpeg() is None:
         return "Pillow"
@@ -194,11 +194,11 @@ def main(workers: list[int], reps: int, quick: bool, json_path: str) -> int:
         import PIL  # noqa: F401
         import torch  # noqa: F401
 
-        from .._vision.photos import photo_paths
+        from stoker._vision.photos import photo_paths
 
         photo_paths()
     except (ImportError, FileNotFoundError) as exc:
-        print(f"stoker bench: W9 skipped: {exc} (pip install stoker[bench,torch])", flush=True)
+        print(f"stoker-bench: W9 skipped: {exc} (pip install stoker[bench,torch])", flush=True)
         return 0
     report = run(workers, 1 if quick else reps, quick)
     print(table(report))

@@ -1,4 +1,4 @@
-"""W10 and W11 of `stoker bench`: start-up per worker count, and many small batches.
+"""W10 and W11 of `stoker-bench`: start-up per worker count, and many small batches.
 
 W10: a fresh loader's `iter()` and its first batch, at each worker count (1, 2, 4, 8 unless
 given) and start method (fork, forkserver, spawn), for stoker.torch and torch.utils.data
@@ -238,7 +238,7 @@ def main(workers: list[int] | None, reps: int, quick: bool, json_path: str) -> i
     try:
         import torch  # noqa: F401
     except ImportError:
-        print("stoker bench: W10/W11 need torch (they run stoker.torch and torch.utils.data): skipped", flush=True)
+        print("stoker-bench: W10/W11 need torch (they run stoker.torch and torch.utils.data): skipped", flush=True)
         return 0
     available = multiprocessing.get_all_start_methods()
     methods = [m for m in METHODS if m in available]
