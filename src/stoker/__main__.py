@@ -2,6 +2,6 @@
 
 import sys
 
-from ._tools.cli import main
+from ._doctor.cli import main
 
 sys.exit(main())

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from stoker import Subset
-from stoker._tools import doctor as dr
+from stoker import _doctor as dr
 
 REPO = Path(__file__).resolve().parents[2]
 HARD_TIMEOUT_S = 60

@@ -66,7 +66,7 @@ def test_a_spawn_worker_imports_only_what_a_worker_needs(tmp_path: Path) -> None
     worker = set(report["worker"])
     assert {"stoker._core.worker", "stoker._data.datasets"} <= worker
     # the main-process parts never reach a worker
-    assert not worker & {"stoker._core.loader", "stoker._core.iterator", "stoker._core.auto", "stoker._tools"}
+    assert not worker & {"stoker._core.loader", "stoker._core.iterator", "stoker._core.auto", "stoker._doctor"}
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="forkserver is a POSIX start method")

@@ -320,7 +320,7 @@ def test_a_loader_made_from_an_auto_loaders_attributes_asks_for_auto_again() -> 
 def test_the_doctor_sees_an_auto_loader_as_auto() -> None:
     """`stoker doctor` measures a loader's fixed setting as its "current" row; an "auto" one
     (whose counts read ints) has none, and the doctor says what it asked for."""
-    from stoker._tools.doctor.target import describe_target
+    from stoker._doctor.target import describe_target
 
     for kwargs in ({"num_workers": "auto"}, {"num_workers": 1, "prefetch_factor": "auto"}):
         target = describe_target("m:f", stoker.DataLoader(Lazy(8), batch_size=4, **kwargs), 4)

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from stoker._tools.cli import main as stoker_main
+from stoker._doctor.cli import main as stoker_main
 from stoker_bench.cli import main
 
 
@@ -108,3 +108,22 @@ def test_run_py_runs_the_harness_from_a_clone(tmp_path) -> None:
         [sys.executable, str(root / "benchmarks" / "run.py"), "--help"], capture_output=True, text=True, env=env
     )
     assert done.returncode == 0 and "--workloads" in done.stdout and "--gpu" in done.stdout
+
+
+def test_the_stoker_command_imports_none_of_the_measuring_code() -> None:
+    """`stoker --help` and `--version` import the doctor's package (its CLI is there), not the
+    loader, numpy or the sweep: the package's names are imported on first use."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    code = (
+        "import sys, stoker._doctor.cli; "
+        "print(sorted(m for m in sys.modules if m.startswith(('numpy', 'stoker._core', 'stoker._doctor.'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        env=dict(os.environ, PYTHONPATH=str(src)),
+    )
+    assert done.stdout.strip() == "['stoker._doctor.cli']"

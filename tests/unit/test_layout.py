@@ -1,11 +1,18 @@
 """The source layout's rules: no import circle among stoker's modules (imports inside functions
-included), and no module above 600 lines unless the design page says why."""
+included), no module above 600 lines unless the design page says why, and a wheel that holds
+the library and the doctor, none of the benchmark harness (benchmarks/stoker_bench)."""
 
 from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path, PurePosixPath
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
@@ -106,3 +113,29 @@ def test_modules_above_600_lines_are_explained_on_the_design_page() -> None:
     }
     unexplained = {path: lines for path, lines in long.items() if path not in explained}
     assert not unexplained, f"modules above {MAX_LINES} lines without a reason in docs/design/modules.md: {unexplained}"
+
+
+def test_the_wheel_holds_the_library_and_the_doctor_only(tmp_path: Path) -> None:
+    """The wheel built from a copy of the project (offline, with the setuptools installed here:
+    about 2 s) has stoker's modules and the doctor, and no benchmark module."""
+    pytest.importorskip("setuptools", minversion="77")  # pyproject.toml's build requirement
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, project / name)
+    shutil.copytree(SRC, project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
+         "--wheel-dir", str(tmp_path / "dist"), str(project)],
+        check=True, capture_output=True, timeout=100,
+    )
+    (wheel,) = (tmp_path / "dist").glob("stoker-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        entry_points = archive.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
+    modules = {PurePosixPath(name).stem for name in names if name.endswith(".py")}
+    assert {"stoker/__init__.py", "stoker/__main__.py", "stoker/_doctor/__init__.py", "stoker/_doctor/cli.py"} <= set(names)
+    assert {name.split("/")[0] for name in names} == {"stoker", wheel.name.rsplit("-", 3)[0] + ".dist-info"}
+    assert not modules & {"bench", "gpubench", "raybench", "jpegbench", "startbench"}
+    assert not [name for name in names if "bench" in name or "_tools" in name]
+    assert "stoker = stoker._doctor.cli:main" in entry_points and "bench" not in entry_points

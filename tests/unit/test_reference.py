@@ -14,7 +14,7 @@ Conventions checked:
   constant may be written as its value). `self`, `cls`, `*args` and `**kwargs` need no entry;
   a variadic parameter with another name (`**options`) does.
 - No docstring (nor the module docstrings) names a private module: `_core`, `_data`,
-  `_tools`, `_vision`, `_frameworks`, `stoker._...`.
+  `_doctor`, `_vision`, `_frameworks`, `stoker._...`.
 
 The package is loaded with the griffe extensions mkdocs.yml gives mkdocstrings (a class body's
 `__doc__ = Other.__doc__` is its docstring, as in help()). The test reports every offender at
@@ -35,7 +35,7 @@ griffe = pytest.importorskip("griffe")
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 PUBLIC_MODULES = ("stoker", "stoker.torch", "stoker.vision", "stoker.ray", "stoker.testing")
-PRIVATE_MODULE = re.compile(r"(?<![A-Za-z0-9_.])_(core|data|tools|vision|frameworks)\b|stoker\._")
+PRIVATE_MODULE = re.compile(r"(?<![A-Za-z0-9_.])_(core|data|doctor|vision|frameworks)\b|stoker\._")
 DEFAULT = re.compile(r"Defaults\s+to\s+(?P<value>.+?)\.(?=\s|$)", re.DOTALL)
 UNDOCUMENTED_VARIADICS = {"args", "kwargs"}
 ROOT = SRC.parent

@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..._core import seeding
-from ..._core.auto import Auto
-from ..._core.loader import start_method_of
-from ..._data.datasets import is_iterable_dataset
+from .._core import seeding
+from .._core.auto import Auto
+from .._core.loader import start_method_of
+from .._data.datasets import is_iterable_dataset
 
 
 class DoctorError(Exception):
@@ -102,10 +102,10 @@ class Target:
 
     def loader_class(self) -> Any:
         if self.flavour == "torch":
-            from ... import torch as stoker_torch
+            from .. import torch as stoker_torch
 
             return stoker_torch.DataLoader
-        from ... import DataLoader
+        from .. import DataLoader
 
         return DataLoader
 
@@ -204,7 +204,7 @@ def load_target(spec: str) -> Any:
 
 def _kind_of(obj: Any) -> str | None:
     """'loader', 'torch-loader', 'iterable', 'map' or None."""
-    from ..._core.loader import DataLoader
+    from .._core.loader import DataLoader
 
     if isinstance(obj, type):
         return None
@@ -222,12 +222,12 @@ def _kind_of(obj: Any) -> str | None:
 
 def _default_collates() -> set[int]:
     """ids of the collate functions that a loader picks itself (given back to it as None)."""
-    from ..._data import collate
+    from .._data import collate
 
     ids = {id(collate.default_collate), id(collate.default_convert)}
     torch_data = sys.modules.get("torch.utils.data")
     if torch_data is not None:
-        from ..._data import torch_collate
+        from .._data import torch_collate
 
         ids |= {id(torch_collate.default_collate), id(torch_collate.default_convert)}
         ids |= {id(torch_data.default_collate), id(torch_data.default_convert)}

@@ -10,7 +10,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ..._core.loader import usable_cpus
+from .._core.loader import usable_cpus
 from .measure import (
     Readiness,
     Row,

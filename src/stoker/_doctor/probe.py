@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from ..._core import seeding
-from ..._core.stats import array_bytes
+from .._core import seeding
+from .._core.stats import array_bytes
 from .target import Target, _first_line
 
 PROFILE_SAMPLES = 256  # at most this many dataset[i] calls in the main-process profile

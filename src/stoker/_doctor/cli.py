@@ -1,4 +1,5 @@
-"""The `stoker` console script."""
+"""The `stoker` console script: `stoker doctor` (and `--version`). The benchmarks are not
+here: they run from a clone of the repository (benchmarks/run.py)."""
 
 from __future__ import annotations
 
@@ -48,21 +49,25 @@ def _doctor(args: argparse.Namespace) -> int:
     import time
 
     started = time.perf_counter()
-    from . import doctor
+    from .plot import plot
+    from .probe import MeasureError
+    from .report import render, save_json
+    from .sweep import run
+    from .target import DoctorError, describe_target, load_target
 
     if args.seconds <= 0 or args.batch_size < 1 or (args.step_ms is not None and args.step_ms <= 0):
         print("stoker doctor: --seconds, --batch-size and --step-ms take positive numbers", file=sys.stderr)
         return 2
     try:
-        made = doctor.load_target(args.target)
-        target = doctor.describe_target(args.target, made, args.batch_size)
-    except doctor.DoctorError as exc:
+        made = load_target(args.target)
+        target = describe_target(args.target, made, args.batch_size)
+    except DoctorError as exc:
         print(f"stoker doctor: {exc}", file=sys.stderr)
         return 2
     reserve_s = 1.0 if args.plot else 0.3  # importing matplotlib and drawing take most of a second
     try:
-        report = doctor.run(target, args.seconds, args.step_ms, started=started, reserve_s=reserve_s)
-    except doctor.MeasureError as exc:
+        report = run(target, args.seconds, args.step_ms, started=started, reserve_s=reserve_s)
+    except MeasureError as exc:
         print(f"stoker doctor: {args.target}: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:
@@ -72,12 +77,12 @@ def _doctor(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    print(doctor.render(report), flush=True)
+    print(render(report), flush=True)
     if args.json:
-        doctor.save_json(report, args.json)
+        save_json(report, args.json)
         print(f"wrote {args.json}")
     if args.plot:
-        if doctor.plot(report, args.plot):
+        if plot(report, args.plot):
             print(f"wrote {args.plot}")
         else:
             print("matplotlib is not installed: no chart (pip install stoker[bench])")

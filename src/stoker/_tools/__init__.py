@@ -1,1 +1,0 @@
-"""Tools built on the public API: the benchmark and the `stoker` command."""
