@@ -1,6 +1,6 @@
 """How long shutting a loader iterator down mid-epoch takes, with a full prefetch window.
 
-`python benchmarks/close_times.py [options]` (run by `make bench` after `stoker bench`).
+`python benchmarks/close_times.py [options]` (run by `make bench` after `benchmarks/run.py`).
 
 For each start method (fork, spawn, forkserver: those this platform has) and each stoker
 transport (the default shared-memory arena, and `STOKER_TRANSPORT=pickle`, set in
