@@ -43,14 +43,14 @@ ROOT = SRC.parent
 EXTENSIONS = ("docs/griffe/borrowed.py",)
 
 
-def _load() -> Any:
+def _load(search_path: Path = SRC) -> Any:
     """The package as mkdocstrings loads it for the reference pages."""
     config = (ROOT / "mkdocs.yml").read_text()
     for extension in EXTENSIONS:
         assert f"- {extension}" in config, f"mkdocs.yml no longer loads {extension}: update EXTENSIONS"
     return griffe.load(
         "stoker",
-        search_paths=[str(SRC)],
+        search_paths=[str(search_path)],
         docstring_parser="google",
         resolve_aliases=True,
         resolve_external=False,
@@ -182,11 +182,10 @@ def _methods(cls: Any) -> Iterator[tuple[str, Any]]:
             yield name, target
 
 
-def _offenders() -> list[str]:
-    package = _load()
+def _offenders(package: Any, modules: tuple[str, ...] = PUBLIC_MODULES) -> list[str]:
     offenders: list[str] = []
     seen: set[str] = set()
-    for module_name in PUBLIC_MODULES:
+    for module_name in modules:
         module = package if module_name == "stoker" else package[module_name.split(".", 1)[1]]
         _check_text(module_name, module.docstring, offenders)
         for export in module.exports or ():
@@ -228,5 +227,65 @@ def _offenders() -> list[str]:
 
 
 def test_public_docstrings_document_every_parameter_without_private_paths() -> None:
-    offenders = _offenders()
+    offenders = _offenders(_load())
     assert not offenders, f"{len(offenders)} reference problem(s):\n" + "\n".join(offenders)
+
+
+BAD_PACKAGE = '''
+"""A package whose reference has one of each problem the check reports."""
+
+__all__ = ["Loader", "load", "fine"]
+
+
+def load(path: str, retries: int = 3, *, strict: bool = False) -> None:
+    """Load a file.
+
+    Args:
+        path: Where the file is.
+        retries: How often to try again. Defaults to 5.
+    """
+
+
+def fine(count: int = 2) -> int:
+    """Count.
+
+    Args:
+        count: How many. Defaults to 2.
+
+    Returns:
+        The count.
+    """
+    return count
+
+
+class Loader:
+    """Loads; the work is done in _core/loader.py.
+
+    Args:
+        size: The size.
+        gone: A parameter the signature no longer has.
+    """
+
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+
+    def step(self, n: int) -> None:
+        """One step."""
+'''
+
+
+def test_the_check_reports_each_kind_of_problem(tmp_path: Path) -> None:
+    """The check itself can fail: a package with an undocumented parameter, a default that
+    differs from the signature's, a default left unsaid, a documented name that is no
+    parameter and a private module in the text is reported for each, and nothing else."""
+    (tmp_path / "stoker").mkdir()
+    (tmp_path / "stoker" / "__init__.py").write_text(BAD_PACKAGE)
+    offenders = _offenders(_load(tmp_path), modules=("stoker",))
+    assert sorted(offenders) == sorted([
+        "stoker.load: 'retries' documents 'Defaults to 5', the signature has 3",
+        "stoker.load: parameter 'strict' has no description",
+        "stoker.Loader: 'size' does not say 'Defaults to 4.'",
+        "stoker.Loader: documents 'gone', which is not a parameter",
+        "stoker.Loader: docstring line 1 names a private module ('_core')",
+        "stoker.Loader.step: parameter 'n' has no description",
+    ])
