@@ -32,7 +32,6 @@ from .._data.samplers import (
 )
 from .arena import Arena, arena_limit
 from .auto import START_PREFETCH, Auto, AutoStart, Choice, choose, start_workers
-from .bar import require_tqdm
 from .errors import UnshardedWarning
 from .forkserver import prepare_forkserver
 from .hostpin import BORN, check_pin_memory
@@ -49,7 +48,7 @@ from .resume import (
 from .resume import VERSION as STATE_VERSION
 from .resume import check as check_resume
 from .resume import describe as describe_resume
-from .stats import LoaderStats, Recorder, clock
+from .stats import LoaderStats, Recorder, clock, require_tqdm
 
 T_co = TypeVar("T_co", covariant=True)
 
