@@ -65,8 +65,18 @@ import numpy as np
 from .._data.torch_collate import TensorLeaf
 from .forksafe import only_here
 from .hostpin import Fence, Registrar, Registry, address_of
-from .protocol import OUT_OF_BAND, PLAIN, SLOT, Done, Reply, Request, SlotHeader, SlotOrder, Task
-from .transport import recv_out_of_band
+from .protocol import (
+    OUT_OF_BAND,
+    PLAIN,
+    SLOT,
+    Done,
+    Reply,
+    Request,
+    SlotHeader,
+    SlotOrder,
+    Task,
+    recv_out_of_band,
+)
 
 ALIGN = 64
 GROWTH = 1.25

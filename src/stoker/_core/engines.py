@@ -53,11 +53,21 @@ from .forksafe import adopt
 from .forkserver import prepare_forkserver
 from .parent import ParentWatch
 from .plan import LoadPlan
-from .protocol import Done, Exhausted, Failed, Reply, Request, Reset, Stop, Task
+from .protocol import (
+    Done,
+    Exhausted,
+    Failed,
+    PickleTransport,
+    Reply,
+    Request,
+    Reset,
+    Stop,
+    Task,
+    Transport,
+)
 from .seeding import restore_globals, seed_main_globals
 from .sharing import Packed
 from .stats import clock
-from .transport import PickleTransport, Transport
 from .worker import WorkerConfig, WorkerProcess, fetcher_for, process_main, run_worker, with_work
 
 JOIN_TIMEOUT_S = 2.0

@@ -42,7 +42,6 @@ from typing import Any, Generic, TypeVar
 
 from . import forksafe, hostpin
 from .auto import Head
-from .bar import EpochBar
 from .engines import Death, Engine, ProcessEngine, make_engine
 from .errors import ExceptionInfo, WorkerDiedError, WorkerRestartWarning, describe_index
 from .pin import PinThread, device_setup, pin_function
@@ -50,7 +49,7 @@ from .plan import LoadPlan
 from .protocol import Done, Failed, ReplicaBatch, Task
 from .resume import Progress, capture_epoch, open_epoch, recording, stateful_user_sampler
 from .scheduler import Owed, Scheduler
-from .stats import LoaderStats, Recorder, clock
+from .stats import EpochBar, LoaderStats, Recorder, clock
 from .worker import WorkerProcess
 
 T = TypeVar("T")

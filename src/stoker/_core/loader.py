@@ -1,8 +1,9 @@
 """`DataLoader`: torch's arguments, checked with torch's exception types and wording, plus
 MXNet Gluon's `last_batch`, `batchify_fn` and `thread_pool`.
 
-The loader itself holds configuration only; `iter(loader)` hands a `LoadPlan` (one frozen
-value) to a new `LoaderIterator`, or starts the next epoch of its persistent one.
+The loader itself holds configuration only: its constructor is the named steps of argument
+resolution in `plan.py`, and `iter(loader)` hands a `LoadPlan` (one frozen value) to a new
+`LoaderIterator`, or starts the next epoch of its persistent one.
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from .._data import collate as _collate
-from .._data.datasets import Dataset, is_iterable_dataset
+from .._data.datasets import Dataset
 from .._data.distributed import ranks, shards_by_rank, torch_distributed_world
 from .._data.rng import GeneratorLike, RandomSource, check_generator
 from .._data.samplers import (
-    LAST_BATCH_CHOICES,
     BatchSampler,
     InfiniteConstantSampler,
     RandomSampler,
@@ -31,18 +31,30 @@ from .._data.samplers import (
     native_index_sampler,
 )
 from .arena import Arena, arena_limit
-from .auto import START_PREFETCH, Auto, AutoStart, Choice, choose, start_workers
-from .bar import require_tqdm
+from .auto import Auto, AutoStart, Choice, choose, start_workers
 from .errors import UnshardedWarning
 from .forkserver import prepare_forkserver
-from .hostpin import BORN, check_pin_memory
+from .hostpin import BORN
 from .iterator import LoaderIterator
-from .plan import LoadPlan
+from .plan import (
+    Batching,
+    LoadPlan,
+    Workers,
+    check_callables,
+    check_flags,
+    check_last_batch,
+    resolve_batchify,
+    resolve_batching,
+    resolve_collate,
+    resolve_context,
+    resolve_pin_memory,
+    resolve_ranks,
+    resolve_workers,
+)
 from .resume import (
     ELASTIC_KEYS,
     Progress,
     capture_epoch,
-    distributed_sampler,
     make_elastic,
     why_not_stateful,
 )
@@ -54,7 +66,6 @@ from .stats import LoaderStats, Recorder, clock
 T_co = TypeVar("T_co", covariant=True)
 
 
-AUTO = "auto"
 _READ_ONLY = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
 
 
@@ -100,21 +111,6 @@ def warn_if_too_many_workers(num_workers: int, stacklevel: int = 2) -> None:
         "even freeze, lower the worker number to avoid potential slowness/freeze if necessary.",
         stacklevel=stacklevel + 1,
     )
-
-
-def _check_int(value: Any, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} should be an int, but got {name}={value!r}")
-
-
-def _check_callable(value: Any, name: str) -> None:
-    if value is not None and not callable(value):
-        raise TypeError(f"{name} should be a callable or None, but got {name}={value!r}")
-
-
-def _check_bool(value: Any, name: str) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} should be True or False, but got {name}={value!r}")
 
 
 class DataLoader(Generic[T_co]):
@@ -257,8 +253,8 @@ class DataLoader(Generic[T_co]):
     """
 
     _flavour = "numpy"
-    _random_sampler_cls: type[Any] = RandomSampler
-    _sequential_sampler_cls: type[Any] = SequentialSampler
+    _random_sampler_cls: ClassVar[type[Any]] = RandomSampler
+    _sequential_sampler_cls: ClassVar[type[Any]] = SequentialSampler
 
     dataset: Dataset[T_co]
     batch_size: int | None
@@ -302,197 +298,88 @@ class DataLoader(Generic[T_co]):
         stats: bool = True,
         progress: bool = False,
     ) -> None:
-        # an `Auto` is a count that "auto" gave another loader (one re-created from its attributes)
-        auto_workers = isinstance(num_workers, Auto) or num_workers == AUTO
-        auto_prefetch = isinstance(prefetch_factor, Auto) or prefetch_factor == AUTO
-        if not auto_workers:
-            if isinstance(num_workers, str):
-                raise TypeError(f"num_workers should be an int or 'auto', but got num_workers={num_workers!r}")
-            _check_int(num_workers, "num_workers")
-        if isinstance(prefetch_factor, str) and not auto_prefetch:
-            raise TypeError(
-                f"prefetch_factor should be an int, None or 'auto', but got prefetch_factor={prefetch_factor!r}"
-            )
-        workers_given: int = 1 if auto_workers else num_workers  # type: ignore[assignment]  # "auto" may choose workers
-        _check_int(max_worker_restarts, "max_worker_restarts")
-        if max_worker_restarts < 0:
-            raise ValueError(
-                "max_worker_restarts should be a non-negative int (0: a worker's death raises), "
-                f"but got max_worker_restarts={max_worker_restarts}"
-            )
-        if workers_given < 0:
-            raise ValueError(
-                "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing."
-            )
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise TypeError(f"timeout should be a number of seconds, but got timeout={timeout!r}")
-        if timeout < 0:
-            raise ValueError("timeout option should be non-negative")
-        if workers_given == 0 and prefetch_factor is not None:
-            raise ValueError(
-                "prefetch_factor option could only be specified in multiprocessing."
-                "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None."
-            )
-        if workers_given > 0 and prefetch_factor is None:
-            prefetch_factor = 2
-        elif prefetch_factor is not None and not auto_prefetch:
-            _check_int(prefetch_factor, "prefetch_factor")
-            if prefetch_factor < 0:  # type: ignore[operator]
-                raise ValueError("prefetch_factor option should be non-negative")
-        if persistent_workers and workers_given == 0:
-            raise ValueError("persistent_workers option needs num_workers > 0")
-        _check_bool(auto_reload, "auto_reload")
-        if auto_reload and not persistent_workers:
-            raise ValueError(
-                "auto_reload=True prefetches the next epoch on the workers that finish this one; "
-                "it needs persistent_workers=True (and num_workers > 0), but got "
-                f"persistent_workers={persistent_workers!r}"
-            )
-        _check_callable(collate_fn, "collate_fn")
-        _check_callable(batchify_fn, "batchify_fn")
-        _check_callable(worker_init_fn, "worker_init_fn")
-        _check_bool(in_order, "in_order")
-        _check_bool(thread_pool, "thread_pool")
-        _check_bool(seed_each_batch, "seed_each_batch")
-        _check_bool(stats, "stats")
-        _check_bool(progress, "progress")
-        if progress and not stats:
-            raise ValueError(
-                "progress=True shows figures from the loader's statistics, which stats=False "
-                "turns off; give stats=True (the default) or progress=False"
-            )
-        if progress:
-            require_tqdm()
-        if seed_each_batch and thread_pool and workers_given > 0:
-            raise ValueError(
-                "seed_each_batch=True cannot be combined with thread_pool=True: thread workers "
-                "share the process's global RNGs, so seeding them per batch would race; draw "
-                "per-sample randomness from stoker.sample_rng() (or stoker.sample_seed()) instead"
-            )
-        pin_memory = check_pin_memory(pin_memory)
-        if not isinstance(pin_memory_device, str):
-            raise TypeError(f"pin_memory_device should be a str, but got pin_memory_device={pin_memory_device!r}")
+        workers = resolve_workers(
+            num_workers,
+            prefetch_factor,
+            timeout=timeout,
+            max_worker_restarts=max_worker_restarts,
+            persistent_workers=persistent_workers,
+            auto_reload=auto_reload,
+        )
+        check_callables(collate_fn, batchify_fn, worker_init_fn)
+        check_flags(
+            workers,
+            in_order=in_order,
+            thread_pool=thread_pool,
+            seed_each_batch=seed_each_batch,
+            stats=stats,
+            progress=progress,
+        )
+        pin = resolve_pin_memory(pin_memory, pin_memory_device)
         check_generator(generator)
-        if batchify_fn is not None:
-            if collate_fn is not None:
-                raise ValueError(
-                    "collate_fn and batchify_fn are two names for the same argument; give only one"
-                )
-            collate_fn = batchify_fn
-        if last_batch is not None and last_batch not in LAST_BATCH_CHOICES:
-            raise ValueError(
-                f"last_batch should be one of {LAST_BATCH_CHOICES} or None, but got last_batch={last_batch!r}"
-            )
+        given_collate = resolve_batchify(collate_fn, batchify_fn)
+        check_last_batch(last_batch)
 
         self.dataset = dataset
-        # "auto": until the choice, the counts it starts from (ints, as torch's attributes are)
-        self.num_workers = Auto(start_workers(usable_cpus() or 1)) if auto_workers else workers_given
-        self.prefetch_factor = Auto(START_PREFETCH) if auto_prefetch else prefetch_factor  # type: ignore[assignment]
-        self._auto = (auto_workers, auto_prefetch) if auto_workers or auto_prefetch else None
-        self._choice: str | None = None  # what "auto" chose, and why
-        self.pin_memory = pin_memory
+        self._keep_workers(workers)
+        self.pin_memory = pin
         self.pin_memory_device = pin_memory_device
-        self.timeout = timeout
         self.worker_init_fn = worker_init_fn
-        self.multiprocessing_context = multiprocessing_context
+        self.multiprocessing_context = multiprocessing_context  # checked against num_workers
         self.in_order = in_order
         self.thread_pool = thread_pool
-        self.auto_reload = auto_reload
-        self.max_worker_restarts = max_worker_restarts
         self.seed_each_batch = seed_each_batch
         self.stats_enabled = stats
         self.progress = progress
-
-        self._iterable = is_iterable_dataset(dataset)
-        self._dataset_kind = self._kind_of(self._iterable)
-        if self._iterable:
-            takes_shuffle = shuffle is not None and self._shuffles_itself(dataset, shuffle)
-            if not takes_shuffle and shuffle not in {False, None}:
-                raise ValueError(
-                    f"DataLoader with IterableDataset: expected unspecified shuffle option, but got shuffle={shuffle}"
-                )
-            if sampler is not None:
-                raise ValueError(
-                    f"DataLoader with IterableDataset: expected unspecified sampler option, but got sampler={sampler}"
-                )
-            if batch_sampler is not None:
-                raise ValueError(
-                    "DataLoader with IterableDataset: expected unspecified "
-                    f"batch_sampler option, but got batch_sampler={batch_sampler}"
-                )
-            if last_batch == "rollover":
-                raise ValueError(
-                    "last_batch='rollover' needs a map-style dataset; an IterableDataset has no "
-                    "epoch order to carry indices across"
-                )
-        else:
-            shuffle = bool(shuffle)
-
-        if sampler is not None and shuffle:
-            raise ValueError("sampler option is mutually exclusive with shuffle")
-
-        if last_batch is not None:
-            if batch_sampler is not None or batch_size is None:
-                raise ValueError(
-                    "last_batch applies to batches the DataLoader makes itself; it cannot be "
-                    "combined with batch_sampler or batch_size=None"
-                )
-            if drop_last and last_batch != "discard":
-                raise ValueError(
-                    f"drop_last=True contradicts last_batch={last_batch!r}; give one of them "
-                    "(drop_last=True is last_batch='discard')"
-                )
-            drop_last = last_batch == "discard"
-
-        if batch_sampler is not None:
-            if batch_size != 1 or shuffle or sampler is not None or drop_last:
-                raise ValueError(
-                    "batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last"
-                )
-            batch_size = None
-            drop_last = False
-        elif batch_size is None:
-            if drop_last:
-                raise ValueError(
-                    "batch_size=None option disables auto-batching and is mutually exclusive with drop_last"
-                )
-
-        if sampler is None:
-            if self._iterable:
-                sampler = self._infinite_sampler()
-            elif shuffle:
-                sampler = self._random_sampler_cls(dataset, generator=generator)
-            else:
-                sampler = self._sequential_sampler_cls(dataset)
-
-        if batch_size is not None and batch_sampler is None:
-            # a map-style dataset's sampler yields ints; an iterable's (InfiniteConstantSampler)
-            # yields None, which the iterable fetcher ignores
-            batch_sampler = self._batch_sampler(sampler, batch_size, drop_last, last_batch)
-
-        self.batch_size = batch_size
-        self.drop_last = drop_last
+        batching = resolve_batching(
+            type(self),
+            dataset,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            batch_sampler=batch_sampler,
+            drop_last=drop_last,
+            last_batch=last_batch,
+            generator=generator,
+        )
+        self._keep_batching(batching)
         # as given (None: drop_last says), so that a framework re-creating the loader from its
         # attributes passes what the user passed
         self.last_batch = last_batch
-        self._warned_unsharded = False
-        self.sampler = sampler
-        self.batch_sampler = batch_sampler
         self.generator = generator
-        # the training rank: its workers' seeds mix it in. Nothing is agreed with other ranks
-        # here (a constructor never communicates): without a generator the base seeds come
-        # from each rank's global RNG, as torch's do
-        sharded = distributed_sampler(native_index_sampler(batch_sampler if batch_sampler is not None else sampler))
-        rank, world_size, local_rank = ranks()
-        group_size = torch_distributed_world()
-        if sharded is not None and not group_size:  # its ranks are all we know
-            rank, world_size = sharded.rank, sharded.num_replicas
-        self._ranks = (rank, world_size, local_rank)
+        self._ranks = resolve_ranks(batching.index_sampler)
+        self.collate_fn = resolve_collate(type(self), given_collate, batching.auto_collation)
+        self._start_fresh()
+        self.__initialized = True
+        if not workers.auto_workers:
+            warn_if_too_many_workers(workers.given, stacklevel=3)
+        if workers.given > 0 and not thread_pool and self._start_method() == "forkserver":
+            prepare_forkserver(dataset, self.collate_fn, start=True)  # imports overlap the caller's set-up
 
-        if collate_fn is None:
-            collate_fn = self._default_collate() if self._auto_collation else self._default_convert()
-        self.collate_fn = collate_fn
-        self.persistent_workers = persistent_workers
+    def _keep_workers(self, workers: Workers) -> None:
+        """The workers' arguments as attributes, under torch's names."""
+        # "auto": until the choice, the count it starts from (an int, as torch's attribute is)
+        self.num_workers = Auto(start_workers(usable_cpus() or 1)) if workers.auto_workers else workers.given
+        self.prefetch_factor = workers.prefetch_factor
+        self._auto = workers.auto
+        self._choice: str | None = None  # what "auto" chose, and why
+        self.timeout = workers.timeout
+        self.max_worker_restarts = workers.max_worker_restarts
+        self.persistent_workers = workers.persistent_workers
+        self.auto_reload = workers.auto_reload
+
+    def _keep_batching(self, batching: Batching) -> None:
+        """The samplers and batch size as attributes, with torch's `_dataset_kind`."""
+        self._iterable = batching.iterable
+        self._dataset_kind = self._kind_of(batching.iterable)
+        self.batch_size = batching.batch_size
+        self.drop_last = batching.drop_last
+        self.sampler = batching.sampler
+        self.batch_sampler = batching.batch_sampler
+
+    def _start_fresh(self) -> None:
+        """No iterator, arena or epoch yet: the state the loader's life then changes."""
+        self._warned_unsharded = False
         self._iterable_len_called: int | None = None
         self._iterator = None
         self._arena: Arena | None = None
@@ -503,11 +390,6 @@ class DataLoader(Generic[T_co]):
         self._resume: dict[str, Any] | None = None  # a loaded state, for the next iter()
         self._last_iterator: weakref.ref[LoaderIterator[Any]] | None = None  # for stats()
         self._last_recorder: Recorder | None = None  # kept when that iterator is dropped
-        self.__initialized = True
-        if not auto_workers:
-            warn_if_too_many_workers(workers_given, stacklevel=3)
-        if workers_given > 0 and not thread_pool and self._start_method() == "forkserver":
-            prepare_forkserver(dataset, self.collate_fn, start=True)  # imports overlap the caller's set-up
 
     def _start_method(self) -> str:
         """The start method the workers will use."""
@@ -554,26 +436,7 @@ class DataLoader(Generic[T_co]):
 
     @multiprocessing_context.setter
     def multiprocessing_context(self, context: Any) -> None:
-        if context is not None:
-            if self._auto is None and self.num_workers <= 0:
-                raise ValueError(
-                    "multiprocessing_context can only be used with multi-process loading "
-                    f"(num_workers > 0), but got num_workers={self.num_workers}"
-                )
-            if isinstance(context, str):
-                methods = multiprocessing.get_all_start_methods()
-                if context not in methods:
-                    raise ValueError(
-                        f"multiprocessing_context option should specify a valid start method in "
-                        f"{methods!r}, but got multiprocessing_context={context!r}"
-                    )
-                context = multiprocessing.get_context(context)
-            if not isinstance(context, multiprocessing.context.BaseContext):
-                raise TypeError(
-                    "multiprocessing_context option should be a valid context object or a string "
-                    f"specifying the start method, but got multiprocessing_context={context}"
-                )
-        self.__multiprocessing_context = context
+        self.__multiprocessing_context = resolve_context(context, self.num_workers, auto=self._auto is not None)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__initialized and name in _READ_ONLY:
