@@ -151,6 +151,27 @@ def test_too_many_workers_warns_like_torch() -> None:
         DataLoader(Squares(), num_workers=512)
 
 
+@pytest.mark.parametrize("flavour", ["stoker", "stoker.torch"])
+def test_too_many_workers_warning_names_the_users_line(flavour: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The constructor, iter() and check_worker_number_rationality() each warn at the line
+    of the user's code that called them (two thread workers on what reads as one CPU)."""
+    import importlib
+
+    from stoker._core import loader as loader_module
+
+    if flavour == "stoker.torch":
+        pytest.importorskip("torch")
+    monkeypatch.setattr(loader_module, "usable_cpus", lambda: 1)
+    loader_cls = importlib.import_module(flavour).DataLoader
+    with pytest.warns(UserWarning, match="2 worker processes") as made:
+        loader = loader_cls(Squares(4), batch_size=2, num_workers=2, thread_pool=True)
+    with pytest.warns(UserWarning, match="2 worker processes") as iterated:
+        assert len(list(loader)) == 2
+    with pytest.warns(UserWarning, match="2 worker processes") as checked:
+        loader.check_worker_number_rationality()
+    assert [w.filename for w in [*made, *iterated, *checked]] == [__file__] * 3
+
+
 # ------------------------------------------------------------------ batches
 def test_default_batches_are_numpy_and_ordered() -> None:
     batches = list(DataLoader(Squares(5), batch_size=2))

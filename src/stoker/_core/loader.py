@@ -91,7 +91,8 @@ def start_method_of(context: multiprocessing.context.BaseContext | str | None) -
 
 
 def warn_if_too_many_workers(num_workers: int, stacklevel: int = 2) -> None:
-    """torch's warning when more workers than usable CPUs are asked for."""
+    """torch's warning when more workers than usable CPUs are asked for. `stacklevel` counts
+    from the caller of this function: 2 names the line that called the caller."""
     if not num_workers:
         return
     suggest = usable_cpus()
@@ -352,7 +353,7 @@ class DataLoader(Generic[T_co]):
         self._start_fresh()
         self.__initialized = True
         if not workers.auto_workers:
-            warn_if_too_many_workers(workers.given, stacklevel=3)
+            warn_if_too_many_workers(workers.given, stacklevel=2)
         if workers.given > 0 and not thread_pool and self._start_method() == "forkserver":
             prepare_forkserver(dataset, self.collate_fn, start=True)  # imports overlap the caller's set-up
 
@@ -591,7 +592,7 @@ class DataLoader(Generic[T_co]):
             self._epochs_started += 1
             return self._iterator
         if self._auto is None:
-            warn_if_too_many_workers(self.num_workers, stacklevel=3)
+            warn_if_too_many_workers(self.num_workers, stacklevel=2)
         if not self._warned_unsharded:
             self._warned_unsharded = True
             self._warn_if_unsharded()
@@ -769,4 +770,4 @@ class DataLoader(Generic[T_co]):
         process may use (torch's method of the same name; the constructor and `iter()` call
         it already)."""
         if self._auto is None:
-            warn_if_too_many_workers(self.num_workers, stacklevel=3)
+            warn_if_too_many_workers(self.num_workers, stacklevel=2)
