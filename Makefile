@@ -8,7 +8,13 @@ TORCH_PIN := torch==2.13.0
 LITDATA_PIN := litdata==0.2.76
 STAMP := $(VENV)/.installed
 
-.PHONY: test bench lint typecheck pytest docs docs-strict setup clean
+# pytest-xdist: one worker per core, at most 4 (each test starts worker processes of its own).
+# Each test file runs whole on one worker, so that a module's fixture (a framework's two-rank
+# launch) and the Ray cluster session (every test that needs it is in tests/ray/test_cluster.py)
+# start once.
+PYTEST_WORKERS := -n auto --maxprocesses 4 --dist loadfile
+
+.PHONY: test bench lint typecheck pytest coverage docs docs-strict setup clean
 
 # pip would compile what it installs on one core (~75 s of CPU here); compileall uses every
 # core. Skipped: a file of torch's test helpers written for Python 3.12 only.
@@ -33,7 +39,12 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 pytest: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_WORKERS)
+
+# Line coverage of the package by the whole suite (the main test processes; not the workers
+# and ranks they start), as the note of each change that moves or removes tests compares it.
+coverage: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_WORKERS) --cov=stoker --cov-report=term --cov-report=json:build/coverage.json
 
 # Bytecode as a wheel install would leave it (an editable install leaves none, and with
 # PYTHONDONTWRITEBYTECODE set every spawn/forkserver worker would compile stoker and the

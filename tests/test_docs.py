@@ -151,7 +151,7 @@ assert sorted(int(i) for batch in _loader for i in batch) == list(range(100))
 # Blocks not run here, each with the reason and where it is run instead.
 SKIPS = {
     "ray-cluster": "examples/ray_resume.py starts a Ray of its own (several seconds and processes "
-    "outside this test's session); tests/ray/test_example.py runs it as written against the test "
+    "outside this test's session); tests/ray/test_cluster.py runs it as written against the test "
     "suite's Ray cluster and checks its output",
 }
 
