@@ -14,7 +14,8 @@ Conventions checked:
   constant may be written as its value). `self`, `cls`, `*args` and `**kwargs` need no entry;
   a variadic parameter with another name (`**options`) does.
 - No docstring (nor the module docstrings) names a private module: `_core`, `_data`,
-  `_doctor`, `_vision`, `_frameworks`, `stoker._...`.
+  `_doctor`, `_vision`, `_frameworks`, `stoker._...`; nor do the pages a user reads (the
+  README, getting started, the guides, the reference and performance pages).
 
 The package is loaded with the griffe extensions mkdocs.yml gives mkdocstrings (a class body's
 `__doc__ = Other.__doc__` is its docstring, as in help()). The test reports every offender at
@@ -272,6 +273,23 @@ class Loader:
     def step(self, n: int) -> None:
         """One step."""
 '''
+
+
+USER_PAGES = ("README.md", "docs/index.md", "docs/getting-started.md", "docs/performance.md",
+              "docs/guide/*.md", "docs/reference/*.md")
+
+
+def test_user_pages_name_no_private_module() -> None:
+    """The pages a user reads (not the design pages, which map the private modules) send
+    nobody to a private module."""
+    offenders = []
+    for pattern in USER_PAGES:
+        for page in sorted(ROOT.glob(pattern)):
+            text = page.read_text()
+            for match in PRIVATE_MODULE.finditer(text):
+                line = text[: match.start()].count("\n") + 1
+                offenders.append(f"{page.relative_to(ROOT)}:{line}: {match.group(0)!r}")
+    assert not offenders, "user pages naming a private module:\n" + "\n".join(offenders)
 
 
 def test_the_check_reports_each_kind_of_problem(tmp_path: Path) -> None:
