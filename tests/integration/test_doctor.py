@@ -257,6 +257,31 @@ def test_torch_loader_is_measured_with_stoker_torch(workdir: Path, tmp_path: Pat
     assert report["shuffle"] and report["batch_size"] == 16
 
 
+@pytest.mark.timeout(60)
+def test_the_command_in_this_process(workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The `stoker` command's entry point called in the test's own process (the runs above
+    start it as users do, in a subprocess): the report, its JSON and its chart, and a bad
+    argument refused with one line."""
+    from stoker._doctor import cli
+
+    monkeypatch.chdir(workdir)
+    monkeypatch.syspath_prepend(str(workdir))
+    out_json, out_png = tmp_path / "stream.json", tmp_path / "stream.png"
+    code = cli.main(["doctor", "doctor_targets:stream", "--seconds", "4", "--json", str(out_json),
+                     "--plot", str(out_png)])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    assert any(line.startswith("recommend: num_workers=") for line in printed.out.splitlines()), printed.out
+    assert f"wrote {out_json}" in printed.out
+    report = read_json(out_json)
+    assert {r["kind"] for r in report["rows"]} <= {"main", "processes"}
+    if "matplotlib is not installed" not in printed.out:
+        assert out_png.stat().st_size > 0
+    assert cli.main(["doctor", "doctor_targets:stream", "--seconds", "0"]) == 2
+    assert "--seconds, --batch-size and --step-ms take positive numbers" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------ the pure parts, in process
 def row(workers: int, threads: bool, prefetch: int | None, rate: float) -> dr.Row:
     return dr.Row(dr.Config(workers, threads, prefetch), samples_per_s=rate, rates=[rate])
