@@ -206,6 +206,9 @@ def _offenders(package: Any, modules: tuple[str, ...] = PUBLIC_MODULES) -> list[
                 _check_parameters(where, obj, [docstring], offenders)
             elif obj.is_class:
                 init = _init_of(obj)
+                if init is None and _documented(docstring):
+                    # mkdocstrings takes a class's signature from its __init__ alone
+                    offenders.append(f"{where}: documents Args, but has no __init__ to show them with")
                 if init is not None:
                     _check_parameters(where, init, [docstring, init.docstring], offenders)
                     _check_text(f"{where}.__init__", init.docstring, offenders)

@@ -194,6 +194,11 @@ class SharedList(Sequence[Any]):
             return iterable
         return _rebuild(*_encode(iterable))
 
+    def __init__(self, iterable: Iterable[Any] = ()) -> None:
+        # __new__ did the work (it may return an existing SharedList, which must not change);
+        # this is the signature the API reference shows, which it reads from __init__ alone
+        pass
+
     # ------------------------------------------------------------------ reading
     @overload
     def __getitem__(self, index: int) -> Any: ...
