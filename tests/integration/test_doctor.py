@@ -17,7 +17,10 @@ from pathlib import Path
 import pytest
 
 from stoker import Subset
-from stoker import _doctor as dr
+from stoker._doctor.measure import Row, loop_rate, row_readiness, steady_rate
+from stoker._doctor.sweep import choose, worker_counts
+from stoker._doctor.target import Config
+from stoker._doctor.traps import python_containers
 
 REPO = Path(__file__).resolve().parents[2]
 HARD_TIMEOUT_S = 60
@@ -283,37 +286,37 @@ def test_the_command_in_this_process(workdir: Path, tmp_path: Path, monkeypatch:
 
 
 # ------------------------------------------------------------ the pure parts, in process
-def row(workers: int, threads: bool, prefetch: int | None, rate: float) -> dr.Row:
-    return dr.Row(dr.Config(workers, threads, prefetch), samples_per_s=rate, rates=[rate])
+def row(workers: int, threads: bool, prefetch: int | None, rate: float) -> Row:
+    return Row(Config(workers, threads, prefetch), samples_per_s=rate, rates=[rate])
 
 
 def test_choose_prefers_the_cheaper_row_within_3_percent() -> None:
     rows = [row(0, False, None, 900), row(2, False, 2, 1000), row(2, True, 2, 980), row(2, False, 4, 1010)]
-    assert dr.choose(rows).config == dr.Config(2, True, 2)  # threads, 3 % below the fastest
+    assert choose(rows).config == Config(2, True, 2)  # threads, 3 % below the fastest
     rows[2] = row(2, True, 2, 970)
-    assert dr.choose(rows).config == dr.Config(2, False, 2)  # 980 >= 0.97 x 1010
-    assert dr.choose([row(0, False, None, 990), row(1, False, 2, 1000)]).config == dr.Config(0)
-    assert dr.choose([]) is None
+    assert choose(rows).config == Config(2, False, 2)  # 980 >= 0.97 x 1010
+    assert choose([row(0, False, None, 990), row(1, False, 2, 1000)]).config == Config(0)
+    assert choose([]) is None
 
 
 def test_with_a_model_step_zero_workers_counts_its_loading_serially() -> None:
     rows = [row(0, False, None, 1000), row(1, False, 2, 990)]
     # 32 samples take 32 ms to load in the loop's own thread, beside a 50 ms step
-    assert dr.loop_rate(rows[0], 50, 32) == pytest.approx(32 / 0.082)
-    assert dr.choose(rows, step_ms=50, batch_size=32).config == dr.Config(1)
-    assert dr.row_readiness(rows[0], 50, 32) == pytest.approx(50 / 82)
-    assert dr.row_readiness(rows[1], 50, 32) == 1.0
+    assert loop_rate(rows[0], 50, 32) == pytest.approx(32 / 0.082)
+    assert choose(rows, step_ms=50, batch_size=32).config == Config(1)
+    assert row_readiness(rows[0], 50, 32) == pytest.approx(50 / 82)
+    assert row_readiness(rows[1], 50, 32) == 1.0
 
 
 def test_steady_rate_skips_the_start_up_burst() -> None:
     arrivals = [1.0, 1.001, 1.1, 1.2, 1.3]  # two workers' first batches arrive together
-    assert dr.steady_rate(arrivals, [10] * 5, skip=1) == pytest.approx(30 / 0.299)
-    assert dr.steady_rate([1.0], [10], skip=0) is None
+    assert steady_rate(arrivals, [10] * 5, skip=1) == pytest.approx(30 / 0.299)
+    assert steady_rate([1.0], [10], skip=0) is None
 
 
 def test_worker_counts_sample_large_machines() -> None:
-    assert dr.worker_counts(2) == [0, 1, 2]
-    assert dr.worker_counts(48) == [0, 1, 2, 4, 8, 16, 32, 48]
+    assert worker_counts(2) == [0, 1, 2]
+    assert worker_counts(48) == [0, 1, 2, 4, 8, 16, 32, 48]
 
 
 def test_python_containers_are_found_through_wrappers() -> None:
@@ -328,6 +331,6 @@ def test_python_containers_are_found_through_wrappers() -> None:
         def __len__(self) -> int:
             return len(self.items)
 
-    found = dr.python_containers(Subset(Records(), range(10)))
+    found = python_containers(Subset(Records(), range(10)))
     assert [(c.path, c.type) for c in found] == [("dataset.dataset.items", "list")]
     assert found[0].objects == 15_000
