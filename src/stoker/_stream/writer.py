@@ -1,0 +1,316 @@
+"""Any dataset -> shards at a URL, and their index: `write_shards`.
+
+A map-style dataset is cut into contiguous parts, one per worker process, and each part
+writes its own numbered shards (`shard-PPPPP-NNNNNN.tar`), so the shards' names sort in
+sample order. An iterable is written by one producer, which hands each finished shard to a
+background thread to upload. The index is written last: a prefix that has one is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import multiprocessing
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .formats import TarShardWriter, encode_auto, write_parquet
+from .index import FORMATS, Index, ShardInfo
+from .store import Store
+
+__all__ = ["write_shards"]
+
+DEFAULT_SHARD_BYTES = 256 << 20
+_ROW_GROUP_BYTES = 1 << 20  # a row group a random read decodes whole: small, for random access
+_UPLOADS_IN_FLIGHT = 2
+
+Encoder = Callable[[Any, str], Any]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    url: str
+    storage_options: dict[str, Any] | None
+    format: str
+    shard_bytes: int
+    fields: tuple[str, ...] | None
+    encode: Encoder | None
+    row_group_size: int | None
+
+
+def _as_dict(sample: Any, number: int, fields: tuple[str, ...] | None) -> dict[str, Any]:
+    if isinstance(sample, Mapping):
+        return dict(sample)
+    if isinstance(sample, (tuple, list)):
+        if fields is None:
+            raise ValueError(
+                f"sample {number} is a {type(sample).__name__}: pass fields=(...) naming its "
+                "items (e.g. fields=('jpg', 'cls')), or make samples dicts"
+            )
+        if len(sample) != len(fields):
+            raise ValueError(f"sample {number} has {len(sample)} items but fields names {len(fields)}: {fields}")
+        return dict(zip(fields, sample))
+    raise ValueError(
+        f"sample {number} is a {type(sample).__name__}: samples should be dicts "
+        "({field: value}) or tuples/lists named by fields"
+    )
+
+
+def _parquet_auto(value: Any, field: str) -> Any:
+    if isinstance(value, np.ndarray):
+        return encode_auto(value, field)
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _value_bytes(value: Any) -> int:
+    if isinstance(value, (bytes, bytearray, memoryview, str)):
+        return len(value)
+    return 8
+
+
+class _PartWriter:
+    """Writes one part's samples into numbered shards, uploading each in the background."""
+
+    def __init__(self, plan: _Plan, part: int) -> None:
+        self.plan = plan
+        self.part = part
+        self.store = Store(plan.url, storage_options=plan.storage_options)
+        self.suffix = ".tar" if plan.format == "tar" else ".parquet"
+        self.infos: list[ShardInfo] = []
+        self.uploads: list[Future[None]] = []
+        self.pool = ThreadPoolExecutor(max_workers=_UPLOADS_IN_FLIGHT, thread_name_prefix="stoker-upload")
+        self.tar: TarShardWriter | None = None
+        self.rows: list[dict[str, Any]] = []
+        self.row_bytes = 0
+
+    def _name(self) -> str:
+        return f"shard-{self.part:05d}-{len(self.infos):06d}{self.suffix}"
+
+    def add(self, number: int, sample: Any) -> None:
+        plan = self.plan
+        values = _as_dict(sample, number, plan.fields)
+        key = values.pop("__key__", None)
+        key = f"{number:09d}" if key is None else str(key)
+        try:
+            if plan.format == "tar":
+                encoded = {}
+                for field, value in values.items():
+                    if field.startswith("_"):
+                        continue  # metadata, which webdataset's writer leaves out too
+                    encoded[field] = value if plan.encode is None else plan.encode(value, field)
+                if self.tar is None:
+                    self.tar = TarShardWriter(self._name())
+                self.tar.add(key, encoded)
+                if self.tar.size >= plan.shard_bytes:
+                    self._close()
+            else:
+                row = {"__key__": key}
+                for field, value in values.items():
+                    row[field] = value if plan.encode is None else plan.encode(value, field)
+                self.rows.append(row)
+                self.row_bytes += sum(_value_bytes(v) for v in row.values())
+                if self.row_bytes >= plan.shard_bytes:
+                    self._close()
+        except ValueError as exc:
+            raise ValueError(f"sample {number} (key {key!r}): {exc}") from None
+
+    def _close(self) -> None:
+        name = self._name()
+        if self.tar is not None:
+            writer, self.tar = self.tar, None
+            data, digest = writer.finish()
+            info = ShardInfo(name, len(data), digest, len(writer), np.asarray(writer.offsets, dtype=np.int64))
+        elif self.rows:
+            rows, self.rows = self.rows, []
+            per_group = self.plan.row_group_size
+            if per_group is None:
+                per_group = max(1, len(rows) * _ROW_GROUP_BYTES // max(1, self.row_bytes))
+            self.row_bytes = 0
+            buf = io.BytesIO()
+            groups = write_parquet(rows, buf, row_group_size=per_group)
+            data = buf.getvalue()
+            info = ShardInfo(name, len(data), hashlib.sha256(data).hexdigest(), len(rows), None, tuple(groups))
+        else:
+            return
+        self.infos.append(info)
+        while len(self.uploads) >= _UPLOADS_IN_FLIGHT:
+            self.uploads.pop(0).result()
+        self.uploads.append(self.pool.submit(self.store.write, name, data))
+
+    def finish(self) -> list[ShardInfo]:
+        try:
+            self._close()
+            for upload in self.uploads:
+                upload.result()
+        finally:
+            self.pool.shutdown(wait=True)
+        return self.infos
+
+
+def _write_part(plan: _Plan, part: int, samples: Iterator[tuple[int, Any]]) -> list[ShardInfo]:
+    writer = _PartWriter(plan, part)
+    try:
+        for number, sample in samples:
+            writer.add(number, sample)
+    except BaseException:
+        writer.pool.shutdown(wait=True)
+        raise
+    return writer.finish()
+
+
+# A fork child inherits the source from here, so a map-style source need not pickle.
+_FORKED_SOURCE: Any = None
+
+
+def _run_part(plan: _Plan, part: int, lo: int, hi: int, source: Any = None) -> list[ShardInfo]:
+    data = _FORKED_SOURCE if source is None else source
+    return _write_part(plan, part, ((i, data[i]) for i in range(lo, hi)))
+
+
+def _context() -> Any:
+    # fork shares the source without pickling it, but is only safe where this process runs
+    # no other thread (a thread holding a lock at the fork leaves it held in the child).
+    if sys.platform.startswith("linux") and threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _check(
+    format: str,
+    shard_bytes: int,
+    fields: Sequence[str] | None,
+    workers: int | None,
+    encode: str | Encoder | None,
+    row_group_size: int | None,
+) -> tuple[tuple[str, ...] | None, Encoder | None]:
+    if format not in FORMATS:
+        raise ValueError(f"format should be 'tar' or 'parquet', but got format={format!r}")
+    if not isinstance(shard_bytes, int) or isinstance(shard_bytes, bool) or shard_bytes < 1:
+        raise ValueError(f"shard_bytes should be a positive int (bytes per shard), but got shard_bytes={shard_bytes!r}")
+    names: tuple[str, ...] | None = None
+    if fields is not None:
+        if isinstance(fields, str) or not all(isinstance(f, str) and f for f in fields):
+            raise ValueError(f"fields should be a sequence of non-empty field names, but got fields={fields!r}")
+        names = tuple(fields)
+        if len(set(names)) != len(names):
+            raise ValueError(f"fields should name each field once, but got fields={fields!r}")
+    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
+        raise ValueError(f"workers should be a positive int or None, but got workers={workers!r}")
+    if row_group_size is not None and (not isinstance(row_group_size, int) or row_group_size < 1):
+        raise ValueError(f"row_group_size should be a positive int or None, but got row_group_size={row_group_size!r}")
+    encoder: Encoder | None
+    if encode == "auto":
+        encoder = encode_auto if format == "tar" else _parquet_auto
+    elif encode is None or callable(encode):
+        encoder = encode
+    else:
+        raise ValueError(f"encode should be 'auto', None or a callable(value, field), but got encode={encode!r}")
+    return names, encoder
+
+
+def write_shards(
+    source: Any,
+    url: str,
+    *,
+    format: str = "tar",
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    fields: Sequence[str] | None = None,
+    workers: int | None = None,
+    encode: str | Encoder | None = "auto",
+    storage_options: Mapping[str, Any] | None = None,
+    row_group_size: int | None = None,
+) -> Index:
+    """Write a dataset as shards at a URL, then their index (`stoker-index.json`).
+
+    Args:
+        source: A map-style dataset (`__len__` and `__getitem__`), written in contiguous
+            parts by worker processes, or any iterable, written by this process. A sample is
+            a dict `{field: value}` (fields are tar extensions such as "jpg", "cls",
+            "seg.png", or Parquet columns; "__key__", if present, is the sample's key, else
+            its number zero-padded) or a tuple/list named by `fields`.
+        url: The prefix to write under ("s3://bucket/data", "file:///path", a local path).
+        format: "tar" (WebDataset layout) or "parquet". Defaults to "tar".
+        shard_bytes: A shard is closed once it holds this many bytes (Parquet: of values,
+            before compression). Defaults to 256 MiB.
+        fields: The field names of tuple/list samples, in order. Defaults to None.
+        workers: Processes writing a map-style source; None is min(cores, 8); 1 writes in
+            this process. Defaults to None.
+        encode: "auto" (tar: `encode_auto`; Parquet: arrays as .npy bytes, numpy scalars as
+            Python ones, the rest as pyarrow stores it), None (values are stored as given:
+            bytes for tar), or a callable `(value, field) -> encoded value`. Defaults to
+            "auto".
+        storage_options: Passed to the store's client (e.g. `{"endpoint_url": ...}`).
+            Defaults to None.
+        row_group_size: Parquet only: rows per row group; None picks about 1 MiB of values
+            per group. Defaults to None.
+
+    Returns:
+        The Index of the written shards (also saved at `url`).
+
+    Raises:
+        ValueError: when an argument is not one of those accepted (the message names it), a
+            sample is not a dict or a tuple that `fields` names, a value has no encoding, or
+            the source is empty.
+        OSError: the store's errors (each names the URL).
+    """
+    names, encoder = _check(format, shard_bytes, fields, workers, encode, row_group_size)
+    if not isinstance(url, str) or not url:
+        raise ValueError(f"url should be a non-empty string, but got url={url!r}")
+    plan = _Plan(url, dict(storage_options or {}) or None, format, shard_bytes, names, encoder, row_group_size)
+    map_style = hasattr(source, "__len__") and hasattr(source, "__getitem__") and not isinstance(source, Mapping)
+    if not map_style and not isinstance(source, Iterable):
+        raise ValueError(
+            f"source should be a map-style dataset (__len__ and __getitem__) or an iterable, "
+            f"but got a {type(source).__name__}"
+        )
+    if map_style:
+        n = len(source)
+        parts = min(workers or min(_cores(), 8), n)
+        if parts <= 1:
+            infos = _write_part(plan, 0, ((i, source[i]) for i in range(n)))
+        else:
+            infos = _write_parallel(plan, source, n, parts)
+    else:
+        infos = _write_part(plan, 0, enumerate(source))
+    if not infos:
+        raise ValueError("source is empty: there is nothing to write")
+    index = Index(format, sorted(infos, key=lambda s: s.name))
+    index.save(Store(url, storage_options=storage_options))
+    return index
+
+
+def _write_parallel(plan: _Plan, source: Any, n: int, parts: int) -> list[ShardInfo]:
+    global _FORKED_SOURCE
+    context = _context()
+    forked = context.get_start_method() == "fork"
+    bounds = [n * p // parts for p in range(parts + 1)]
+    if forked:
+        _FORKED_SOURCE = source
+    try:
+        with ProcessPoolExecutor(max_workers=parts, mp_context=context) as pool:
+            jobs = [
+                pool.submit(_run_part, plan, p, bounds[p], bounds[p + 1], None if forked else source)
+                for p in range(parts)
+            ]
+            infos = []
+            for job in jobs:
+                infos.extend(job.result())
+    finally:
+        _FORKED_SOURCE = None
+    return infos
