@@ -1,0 +1,473 @@
+"""ShardCache: the cap holds under concurrent processes, one download per shard, a killed
+downloader leaves nothing that is read as valid, pins stop eviction, bad bytes and failing
+fetches leave nothing, and errors name the folder. Real processes, real files; anything that
+could hang runs in a child process with a hard timeout."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import multiprocessing
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import BinaryIO
+
+import pytest
+
+from stoker._stream.cache import CacheFullError, CorruptShardError, ShardCache, measure_usage
+
+CHILD = str(Path(__file__).with_name("cache_child.py"))
+
+
+def content(name: str, size: int) -> bytes:
+    block = hashlib.sha256(name.encode()).digest()
+    return (block * (size // len(block) + 1))[:size]
+
+
+def sha(name: str, size: int) -> str:
+    return hashlib.sha256(content(name, size)).hexdigest()
+
+
+class Fetch:
+    """A fetch that writes shard `name` and counts its calls."""
+
+    def __init__(self, name: str, size: int) -> None:
+        self.name, self.size, self.calls = name, size, 0
+
+    def __call__(self, out: BinaryIO) -> int:
+        self.calls += 1
+        out.write(content(self.name, self.size))
+        return self.size
+
+
+def get(cache: ShardCache, name: str, size: int, fetch: Fetch | None = None) -> str:
+    return cache.get(name, size, sha(name, size), fetch or Fetch(name, size))
+
+
+def start(job: dict) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, CHILD, json.dumps(job)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def finish(proc: subprocess.Popen, timeout_s: float = 60.0) -> dict:
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"child hung past {timeout_s} s; stderr:\n{err}")
+    assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{err}\n{out}"
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if proc.poll() is not None:
+            pytest.fail(f"child exited ({proc.returncode}): {proc.stderr.read() if proc.stderr else ''}")
+        assert time.monotonic() < deadline, f"child did not create {path}"
+        time.sleep(0.01)
+
+
+def kill(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)
+
+
+def fetch_counts(log: Path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    if log.exists():
+        for line in log.read_text().splitlines():
+            counts[line] = counts.get(line, 0) + 1
+    return counts
+
+
+def files(directory: Path, sub: str) -> list[str]:
+    return sorted(os.listdir(directory / sub))
+
+
+def test_get_downloads_once_then_hits(tmp_path):
+    cache = ShardCache(str(tmp_path / "c"), 10_000)
+    fetch = Fetch("a.tar", 1000)
+    path = cache.get("a.tar", 1000, sha("a.tar", 1000), fetch)
+    assert Path(path).read_bytes() == content("a.tar", 1000)
+    assert cache.get("a.tar", 1000, None, fetch) == path
+    assert fetch.calls == 1 and cache.downloads == 1
+    assert cache.usage() == 1000 == measure_usage(str(tmp_path / "c"))
+    assert cache.peak == 1000
+    assert files(tmp_path / "c", "tmp") == []
+
+
+def test_names_with_slashes_and_dots_get_files_of_their_own(tmp_path):
+    cache = ShardCache(str(tmp_path / "c"), 10_000)
+    names = ["a/b.tar", "a%2Fb.tar", "..", ".", "../x", "x" * 400, "x" * 401]
+    paths = [get(cache, name, 100 + i) for i, name in enumerate(names)]
+    assert len(set(paths)) == len(names)
+    for i, (name, path) in enumerate(zip(names, paths)):
+        assert os.path.dirname(path) == str(tmp_path / "c" / "shards")
+        assert Path(path).read_bytes() == content(name, 100 + i)
+
+
+def test_lru_evicts_the_least_recently_used(tmp_path):
+    cache = ShardCache(str(tmp_path / "c"), 3000)
+    for name in ("a", "b", "c"):
+        get(cache, name, 1000)
+    with cache.reading("a") as f:  # a is now more recent than b
+        assert f.read() == content("a", 1000)
+    get(cache, "d", 1000)
+    assert files(tmp_path / "c", "shards") == ["a", "c", "d"]
+    assert cache.evictions == 1
+    assert cache.peak == 3000
+
+
+def test_cap_never_exceeded_by_four_processes(tmp_path):
+    directory = tmp_path / "c"
+    cap = 150_000
+    shards = {f"s{i:02d}.tar": 20_000 + 4_000 * i for i in range(12)}  # 504 kB: > 3 x cap
+    ShardCache(str(directory), cap)
+    samples: list[int] = []
+    stop = threading.Event()
+
+    def monitor() -> None:
+        while not stop.is_set():
+            samples.append(measure_usage(str(directory)))
+
+    watcher = threading.Thread(target=monitor)
+    watcher.start()
+    try:
+        children = [
+            start(
+                dict(
+                    job="hammer", dir=str(directory), cap=cap, shards=shards, seconds=3.0, threads=3,
+                    seed=seed, log=str(tmp_path / "log"),
+                )
+            )
+            for seed in range(4)
+        ]
+        results = [finish(child) for child in children]
+    finally:
+        stop.set()
+        watcher.join()
+    assert all(r["errors"] == [] for r in results)
+    assert sum(r["reads"] for r in results) > 50
+    assert sum(r["evictions"] for r in results) > 5  # the cap was under pressure
+    assert len(samples) > 100
+    assert max(samples) <= cap, f"the folder held {max(samples)} bytes, cap {cap}"
+    assert max(r["peak"] for r in results) <= cap
+    assert files(directory, "tmp") == []
+
+
+def test_each_shard_downloaded_once_when_four_processes_want_it(tmp_path):
+    directory, log, go = tmp_path / "c", tmp_path / "log", tmp_path / "go"
+    shards = {"x.tar": 30_000, "y.tar": 40_000, "z/w.tar": 50_000}
+    children = [
+        start(dict(job="once", dir=str(directory), cap=1_000_000, shards=shards, start=str(go), log=str(log)))
+        for _ in range(4)
+    ]
+    time.sleep(0.3)  # let them all start and wait on the start file
+    go.touch()
+    results = [finish(child) for child in children]
+    assert fetch_counts(log) == {name: 1 for name in shards}
+    assert sum(r["downloads"] for r in results) == 3
+    assert all("errors" not in r for r in results)
+
+
+def test_threads_of_one_process_download_a_shard_once(tmp_path):
+    cache = ShardCache(str(tmp_path / "c"), 100_000)
+    calls = []
+
+    def fetch(out: BinaryIO) -> int:
+        calls.append(1)
+        time.sleep(0.2)
+        out.write(content("t", 5000))
+        return 5000
+
+    paths: list[str] = []
+    threads = [
+        threading.Thread(target=lambda: paths.append(cache.get("t", 5000, sha("t", 5000), fetch)))
+        for _ in range(8)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(paths) == 8 and len(set(paths)) == 1
+    assert len(calls) == 1
+
+
+def test_killed_downloader_leaves_no_shard_and_the_next_get_downloads_afresh(tmp_path):
+    directory, log, ready = tmp_path / "c", tmp_path / "log", tmp_path / "ready"
+    child = start(dict(job="stall", dir=str(directory), cap=100_000, name="k.tar", size=60_000, log=str(log), ready=str(ready)))
+    wait_for(ready, child)
+    assert len(files(directory, "tmp")) == 1
+    assert measure_usage(str(directory)) == 60_000  # pre-sized: counted from the start
+    kill(child)
+    assert files(directory, "shards") == []
+    cache = ShardCache(str(directory), 100_000, timeout_s=10)
+    with pytest.raises(FileNotFoundError):
+        cache.pin("k.tar")
+    fetch = Fetch("k.tar", 60_000)
+    path = cache.get("k.tar", 60_000, sha("k.tar", 60_000), fetch)
+    assert fetch.calls == 1
+    assert Path(path).read_bytes() == content("k.tar", 60_000)
+    assert files(directory, "tmp") == []  # the stale temporary file is gone
+    assert measure_usage(str(directory)) == 60_000
+
+
+def test_a_killed_downloaders_room_is_reclaimed(tmp_path):
+    directory, ready = tmp_path / "c", tmp_path / "ready"
+    child = start(dict(job="stall", dir=str(directory), cap=100_000, name="k.tar", size=80_000, log=str(tmp_path / "log"), ready=str(ready)))
+    wait_for(ready, child)
+    cache = ShardCache(str(directory), 100_000, timeout_s=0.3)
+    with pytest.raises(CacheFullError, match="80000 are downloads in progress"):
+        get(cache, "other", 50_000)  # the live download's room is taken
+    kill(child)
+    get(cache, "other", 50_000)
+    assert files(directory, "tmp") == []
+
+
+def test_pinned_shards_are_never_evicted(tmp_path):
+    directory, ready = tmp_path / "c", tmp_path / "ready"
+    child = start(dict(job="pin", dir=str(directory), cap=30_000, shards={"p": 10_000}, log=str(tmp_path / "log"), ready=str(ready)))
+    try:
+        wait_for(ready, child)
+        cache = ShardCache(str(directory), 30_000, timeout_s=0.5)
+        get(cache, "q", 10_000)
+        get(cache, "r", 10_000)
+        get(cache, "s", 10_000)  # needs room: q goes, not p (older but pinned by the child)
+        assert files(directory, "shards") == ["p", "r", "s"]
+        cache.pin("r")
+        cache.pin("s")
+        began = time.monotonic()
+        with pytest.raises(CacheFullError) as caught:
+            get(cache, "t", 10_000)
+        assert time.monotonic() - began < 5
+        message = str(caught.value)
+        assert str(directory) in message and "30000" in message and "10000 bytes" in message
+        assert "30000 are in use, of which 30000 are pinned" in message
+        assert "raise the cap" in message
+        assert files(directory, "shards") == ["p", "r", "s"]
+        cache.unpin("s")
+        get(cache, "t", 10_000)  # s, unpinned, goes; p and r stay
+        assert files(directory, "shards") == ["p", "r", "t"]
+    finally:
+        kill(child)
+    get(cache, "u", 10_000)  # the child's pin died with it: p (least recent) goes
+    assert files(directory, "shards") == ["r", "t", "u"]
+
+
+def test_pins_are_counted_and_reading_pins(tmp_path):
+    cache = ShardCache(str(tmp_path / "c"), 2000, timeout_s=0.2)
+    get(cache, "a", 1000)
+    get(cache, "b", 1000)
+    cache.pin("a")
+    cache.pin("a")
+    cache.unpin("a")
+    assert cache.pinned() == {"a": 1}
+    with cache.reading("b") as f:
+        with pytest.raises(CacheFullError):
+            get(cache, "c", 1000)  # a pinned, b being read
+        assert f.read() == content("b", 1000)
+    cache.unpin("a")
+    assert cache.pinned() == {}
+    with pytest.raises(ValueError, match="not pinned"):
+        cache.unpin("a")
+    get(cache, "c", 1000)
+    get(cache, "d", 1000)
+    with pytest.raises(FileNotFoundError, match="get\\(\\) it again"):
+        with cache.reading("a"):
+            pass
+    assert cache.pinned() == {}
+
+
+def test_too_big_a_shard_fails_at_once(tmp_path):
+    cache = ShardCache(str(tmp_path / "c"), 1000)
+    with pytest.raises(CacheFullError, match="bigger than the cache's cap"):
+        get(cache, "big", 1001)
+
+
+def test_checksum_mismatch_keeps_nothing(tmp_path):
+    directory = tmp_path / "c"
+    cache = ShardCache(str(directory), 10_000)
+    wrong = "0" * 64
+    with pytest.raises(CorruptShardError) as caught:
+        cache.get("bad.tar", 1000, wrong, Fetch("bad.tar", 1000))
+    assert isinstance(caught.value, OSError)
+    message = str(caught.value)
+    assert "bad.tar" in message and wrong in message and sha("bad.tar", 1000) in message
+    assert measure_usage(str(directory)) == 0
+    assert files(directory, "shards") == [] and files(directory, "tmp") == []
+    with pytest.raises(CorruptShardError, match="expected 1000 bytes, got 999"):
+        cache.get("short", 1000, None, Fetch("short", 999))
+    with pytest.raises(CorruptShardError, match="expected 1000 bytes, got at least 1001"):
+        cache.get("long", 1000, None, Fetch("long", 1001))
+    assert measure_usage(str(directory)) == 0
+    assert cache.downloads == 0
+
+
+def test_fetch_that_raises_leaves_nothing_and_releases_its_locks(tmp_path):
+    directory = tmp_path / "c"
+    cache = ShardCache(str(directory), 10_000, timeout_s=2)
+    failure = ConnectionResetError("store went away")
+
+    def fetch(out: BinaryIO) -> int:
+        out.write(b"x" * 500)
+        raise failure
+
+    with pytest.raises(ConnectionResetError) as caught:
+        cache.get("f", 1000, None, fetch)
+    assert caught.value is failure
+    assert measure_usage(str(directory)) == 0 and files(directory, "tmp") == []
+    # another process gets the shard at once: no lock was left behind
+    result = finish(start(dict(job="get", dir=str(directory), cap=10_000, name="f", size=1000, log=str(tmp_path / "log"), timeout_s=2)))
+    assert "error" not in result and result["downloads"] == 1
+
+
+def test_a_fetch_may_start_over(tmp_path):
+    cache = ShardCache(str(tmp_path / "c"), 10_000)
+
+    def fetch(out: BinaryIO) -> int:
+        out.write(b"garbage")
+        out.seek(0)
+        out.truncate()
+        out.write(content("r", 1000))
+        return out.tell()
+
+    path = cache.get("r", 1000, sha("r", 1000), fetch)
+    assert Path(path).read_bytes() == content("r", 1000)
+
+
+def test_a_folder_that_cannot_be_made_is_named(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(OSError) as caught:
+        ShardCache(str(tmp_path / "file" / "cache"), 1000)
+    assert str(tmp_path / "file" / "cache") in str(caught.value)
+    assert caught.value.errno == errno.ENOTDIR
+
+
+def test_bad_arguments_name_the_argument(tmp_path):
+    for kwargs, word in [
+        (dict(cap_bytes=0), "cap_bytes"),
+        (dict(cap_bytes=True), "cap_bytes"),
+        (dict(cap_bytes=10, timeout_s=-1), "timeout_s"),
+        (dict(cap_bytes=10, timeout_s=float("nan")), "timeout_s"),
+    ]:
+        with pytest.raises(ValueError, match=word):
+            ShardCache(str(tmp_path / "c"), **kwargs)
+    with pytest.raises(ValueError, match="directory"):
+        ShardCache("", 10)
+    cache = ShardCache(str(tmp_path / "c"), 1000)
+    with pytest.raises(ValueError, match="name"):
+        cache.get("", 1, None, Fetch("", 1))
+    with pytest.raises(ValueError, match="size"):
+        cache.get("a", -1, None, Fetch("a", 1))
+    with pytest.raises(ValueError, match="sha256"):
+        cache.get("a", 1, "abc", Fetch("a", 1))
+    with pytest.raises(ValueError, match="fetch"):
+        cache.get("a", 1, None, None)  # type: ignore[arg-type]
+
+
+def _pickled_child(blob: bytes, queue) -> None:
+    cache = pickle.loads(blob)
+    queue.put((cache.directory, cache.cap_bytes, cache.pinned(), Path(cache.get("n", 10, None, Fetch("n", 10))).read_bytes()))
+
+
+def test_pickles_and_a_forked_child_holds_none_of_its_parents_pins(tmp_path):
+    directory = tmp_path / "c"
+    cache = ShardCache(str(directory), 2000, timeout_s=0.5)
+    get(cache, "a", 1000)
+    cache.pin("a")
+    copy = pickle.loads(pickle.dumps(cache))
+    assert copy.directory == cache.directory and copy.pinned() == {}
+
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_pickled_child, args=(pickle.dumps(cache), queue))
+    child.start()
+    assert queue.get(timeout=30) == (str(directory), 2000, {}, content("n", 10))
+    child.join(timeout=30)
+
+    # a forked child outlives the parent's pin: the parent's unpin still frees the shard
+    go, done = ctx.Event(), ctx.Event()
+
+    def linger() -> None:
+        if cache.pinned() != {}:
+            os._exit(3)
+        done.set()
+        go.wait(30)
+
+    child = ctx.Process(target=linger)
+    child.start()
+    try:
+        assert done.wait(30)
+        cache.unpin("a")
+        get(cache, "b", 1000)  # makes room: n goes first (least recent), then a
+        get(cache, "c", 1000)
+        assert "a" not in files(directory, "shards")
+    finally:
+        go.set()
+        child.join(timeout=30)
+    assert child.exitcode == 0
+
+
+def _unshare_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=64k tmpfs /mnt"], capture_output=True, timeout=30
+    )
+    return probe.returncode == 0
+
+
+needs_mounts = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not _unshare_works(),
+    reason="needs `unshare -m` and mount (root) for a private tmpfs",
+)
+
+
+def in_tmpfs(job: dict, options: str) -> dict:
+    """Run a child job with its cache in a fresh tmpfs of its own (a private mount namespace)."""
+    mount = "/tmp/stoker-cache-test"
+    job = dict(job, dir=f"{mount}/cache", log=f"{mount}/log")
+    script = f"mkdir -p {mount} && mount -t tmpfs -o {options} tmpfs {mount} && exec {sys.executable} {CHILD} '{json.dumps(job)}'"
+    return finish(subprocess.Popen(["unshare", "-m", "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+
+
+@needs_mounts
+def test_a_full_disk_is_named_and_its_file_removed():
+    # the cap (1 MB) is above what the disk holds (256 kB): space runs out on the disk itself
+    job = dict(job="get", cap=1_000_000, name="big", size=400_000)
+    for no_fallocate in (False, True):  # found when reserving; found while writing
+        result = in_tmpfs(dict(job, no_fallocate=no_fallocate), "size=256k")
+        assert result["error"] == "OSError" and result["errno"] == errno.ENOSPC, result
+        assert "/tmp/stoker-cache-test/cache is full" in result["message"]
+        assert result["downloads"] == 0
+
+
+@needs_mounts
+def test_a_full_disk_leaves_no_partial_file(tmp_path):
+    mount = "/tmp/stoker-cache-test"
+    job = json.dumps(dict(job="get", dir=f"{mount}/cache", log=f"{mount}/log", cap=1_000_000, name="big", size=400_000, no_fallocate=True))
+    script = (
+        f"mkdir -p {mount} && mount -t tmpfs -o size=256k tmpfs {mount} && "
+        f"{sys.executable} {CHILD} '{job}' >/dev/null && ls -A {mount}/cache/tmp {mount}/cache/shards"
+    )
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [f"{mount}/cache/shards:", f"{mount}/cache/tmp:"]
+
+
+@needs_mounts
+def test_a_read_only_folder_is_named():
+    result = in_tmpfs(dict(job="get", cap=1000, name="a", size=10), "size=64k,ro")
+    assert result["error"] == "PermissionError", result
+    assert "/tmp/stoker-cache-test/cache is not writable" in result["message"]
