@@ -6,8 +6,10 @@ the fields `jpg` and `cls` of sample `000123`. The key is the member's path up t
 regular files, metadata names (`__...__`) and names without a "." are skipped. This is the rule
 webdataset 1.0.2 groups by, so both read the same samples from the same shard.
 
-The reader parses the 512-byte ustar headers itself, which is what a random read of one sample
-needs to be fast; extended headers (pax, GNU long names) are decoded by Python's `tarfile`.
+The reader parses the 512-byte headers itself, which is what a random read of one sample needs
+to be fast: ustar, and the pax and GNU long-name headers that give a member its path and size
+(webdataset's writer puts a pax header before every member); the rarer extended headers (global
+pax headers, other charsets, sparse files) are decoded by Python's `tarfile`.
 The writer writes deterministic ustar (fixed mtime, owner and mode), pax only for a name
 longer than the ustar field.
 
@@ -143,6 +145,34 @@ def _resolve_extended(chunk: bytes) -> tuple[str, int, bytes]:
     return info.name, info.size, kind
 
 
+def _apply_extended(kind: bytes, payload: bytes, found: dict[str, Any]) -> bool:
+    """Record in `found` the path and size an extended header gives the member after it;
+    False when only tarfile can decode it (a global pax header, another charset, sparse)."""
+    if kind == b"L":
+        found["path"] = payload.split(b"\x00", 1)[0].decode("utf-8", "surrogateescape")
+        return True
+    if kind == b"K":
+        return True
+    if kind == b"g":
+        return False
+    p = 0
+    while p < len(payload) and payload[p] != 0:
+        space = payload.find(b" ", p)
+        length = int(payload[p:space]) if space > p else 0
+        record = payload[space + 1 : p + length]
+        if length <= 0 or not record.endswith(b"\n"):
+            raise ValueError("a pax header's records do not parse")
+        key, _, value = record[:-1].partition(b"=")
+        if key == b"path":
+            found["path"] = value.decode("utf-8", "surrogateescape")
+        elif key == b"size":
+            found["size"] = int(value)
+        elif key == b"hdrcharset" or key.startswith(b"GNU.sparse"):
+            return False
+        p += length
+    return True
+
+
 def _padded(size: int) -> int:
     return (size + BLOCK - 1) // BLOCK * BLOCK
 
@@ -177,15 +207,24 @@ def read_tar_sample(
                 break
             kind = header[156:157].tobytes()
             if kind in _EXTENDED:
-                start = pos
+                first, native = pos, True
+                found: dict[str, Any] = {}
                 while kind in _EXTENDED:
                     _, size, _ = _decode_header(view[pos : pos + BLOCK])
+                    if pos + BLOCK + size > end:
+                        raise ValueError("the bytes end inside an extended header")
+                    payload = view[pos + BLOCK : pos + BLOCK + size].tobytes()
+                    native = _apply_extended(kind, payload, found) and native
                     pos += BLOCK + _padded(size)
                     if pos + BLOCK > end:
                         raise ValueError("the bytes end inside an extended header")
                     kind = view[pos + 156 : pos + 157].tobytes()
+                if native:
+                    name, size, kind = _decode_header(view[pos : pos + BLOCK])
+                    name, size = found.get("path", name), found.get("size", size)
+                else:
+                    name, size, kind = _resolve_extended(view[first : pos + BLOCK].tobytes())
                 pos += BLOCK
-                name, size, kind = _resolve_extended(view[start:pos].tobytes())
             else:
                 name, size, kind = _decode_header(header)
                 pos += BLOCK
@@ -240,13 +279,15 @@ def iter_tar_samples(
         CorruptShardError: when the tar ends inside a member, a header does not parse, or a
             sample has a field twice; it names the shard and the sample being read.
     """
-    pos = 0
+    pos = member_start = 0
     key: str | None = None
     fields: dict[str, bytes] = {}
     start = end = 0
-    count = 0
+    count = 0  # samples yielded
+    name: str | None = None
     try:
         while True:
+            member_start, name = pos, None
             header = fileobj.read(BLOCK)
             if len(header) == 0:
                 break  # no end-of-archive blocks: tolerated, as tarfile does
@@ -254,18 +295,22 @@ def iter_tar_samples(
                 raise ValueError("the tar ends inside a header (cut short?)")
             if header == _ZERO_BLOCK:
                 break
-            member_start = pos
             kind = header[156:157]
             if kind in _EXTENDED:
-                chunk = [header]
+                chunk, native = [header], True
+                found: dict[str, Any] = {}
                 while kind in _EXTENDED:
                     _, size, _ = _decode_header(chunk[-1])
                     chunk.append(_read_exact(fileobj, _padded(size), "an extended header"))
+                    native = _apply_extended(kind, chunk[-1][:size], found) and native
                     chunk.append(_read_exact(fileobj, BLOCK, "a header"))
                     kind = chunk[-1][156:157]
-                joined = b"".join(chunk)
-                pos += len(joined)
-                name, size, kind = _resolve_extended(joined)
+                pos += sum(len(c) for c in chunk)
+                if native:
+                    name, size, kind = _decode_header(chunk[-1])
+                    name, size = found.get("path", name), found.get("size", size)
+                else:
+                    name, size, kind = _resolve_extended(b"".join(chunk))
             else:
                 name, size, kind = _decode_header(header)
                 pos += BLOCK
@@ -284,8 +329,17 @@ def iter_tar_samples(
             fields[parts[1]] = body[:size]
             end = pos
     except ValueError as exc:
-        where = f"sample {count} ({key!r})" if key is not None else f"sample {count}"
-        raise CorruptShardError(f"{shard}, {where} at byte {pos}: {exc}") from None
+        parts = None if name is None else split_name(name)
+        if parts is not None:
+            number = count + (1 if key is not None and parts[0] != key else 0)
+            where = f"sample {number} ({parts[0]!r}), member {name!r} at byte {member_start}"
+        elif name is not None:
+            where = f"member {name!r} at byte {member_start}"
+        elif key is None:
+            where = f"the header at byte {member_start}, before the first sample"
+        else:
+            where = f"the header at byte {member_start}, following sample {count} ({key!r})"
+        raise CorruptShardError(f"{shard}, {where}: {exc}") from None
     if key is not None:
         yield key, fields, start, end
 
