@@ -159,11 +159,11 @@ def test_build_index_names_a_damaged_shard(tmp_path) -> None:
 
 
 def test_build_index_argument_errors(tmp_path) -> None:
-    with pytest.raises(ValueError, match="holds no .tar or .parquet"):
+    with pytest.raises(ValueError, match=r"holds no \.tar or \.parquet"):
         build_index(str(tmp_path))
     (tmp_path / "a.tar").write_bytes(b"")
     (tmp_path / "b.parquet").write_bytes(b"")
-    with pytest.raises(ValueError, match="both .tar and .parquet"):
+    with pytest.raises(ValueError, match=r"both \.tar and \.parquet"):
         build_index(str(tmp_path))
     with pytest.raises(ValueError, match="format should be 'tar', 'parquet' or None"):
         build_index(str(tmp_path), format="zip")

@@ -1,5 +1,5 @@
-"""The `stoker` console script: `stoker doctor` (and `--version`). The benchmarks are not
-here: they run from a clone of the repository (benchmarks/run.py)."""
+"""The `stoker` console script: `stoker doctor`, `stoker index URL` (and `--version`). The
+benchmarks are not here: they run from a clone of the repository (benchmarks/run.py)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("--plot", default=None, metavar="PNG", help="write a chart (needs matplotlib)")
     doctor.add_argument("--json", default=None, metavar="PATH", help="write every figure as JSON")
+    index = commands.add_parser(
+        "index",
+        help="scan the shards at a URL and write their index (stoker-index.json) beside them",
+        description="Lists the prefix once, reads every .tar (WebDataset layout) or .parquet object "
+        "under it, and writes stoker-index.json there: each shard's size, sha256, samples and where "
+        "each sample is. A loader reads only that file at its start. s3:// takes its endpoint from "
+        "AWS_ENDPOINT_URL and its credentials from the environment.",
+    )
+    index.add_argument("url", metavar="URL", help="the prefix: s3://bucket/data, file:///path or a local folder")
+    index.add_argument(
+        "--format", choices=("tar", "parquet"), default=None, help="which shards to index (default: the kind present)"
+    )
     return parser
 
 
@@ -40,7 +52,29 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "doctor":
         return _doctor(args)
+    if args.command == "index":
+        return _index(args)
     return 2
+
+
+def _index(args: argparse.Namespace) -> int:
+    # One line on stderr for any problem: the arguments' or the prefix's contents (exit 2), the
+    # store's or a shard's (exit 1). No traceback.
+    from .._stream.index import INDEX_NAME, build_index
+
+    try:
+        index = build_index(args.url, format=args.format)
+    except (ValueError, ImportError) as exc:
+        print(f"stoker index: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"stoker index: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"wrote {args.url.rstrip('/')}/{INDEX_NAME}: {len(index.shards)} {index.format} shards, "
+        f"{len(index)} samples"
+    )
+    return 0
 
 
 def _doctor(args: argparse.Namespace) -> int:

@@ -10,8 +10,7 @@ The reader parses the 512-byte headers itself, which is what a random read of on
 to be fast: ustar, and the pax and GNU long-name headers that give a member its path and size
 (webdataset's writer puts a pax header before every member); the rarer extended headers (global
 pax headers, other charsets, sparse files) are decoded by Python's `tarfile`.
-The writer writes deterministic ustar (fixed mtime, owner and mode), pax only for a name
-longer than the ustar field.
+The writers are in writer.py.
 
 Parquet shards hold one sample per row; the unit of random access is the row group, and the
 last few decoded row groups are kept per process. pyarrow is imported only when a Parquet
@@ -21,7 +20,6 @@ shard is read or written.
 from __future__ import annotations
 
 import collections
-import hashlib
 import io
 import json
 import os
@@ -36,7 +34,6 @@ import numpy as np
 
 __all__ = [
     "CorruptShardError",
-    "TarShardWriter",
     "decode_auto",
     "encode_auto",
     "iter_tar_samples",
@@ -44,7 +41,6 @@ __all__ = [
     "read_parquet_row",
     "read_tar_sample",
     "split_name",
-    "write_parquet",
 ]
 
 BLOCK = 512
@@ -344,113 +340,6 @@ def iter_tar_samples(
         yield key, fields, start, end
 
 
-def _ustar_header(name: bytes, size: int, kind: bytes = b"0") -> bytes:
-    header = bytearray(BLOCK)
-    header[0 : len(name)] = name
-    header[100:108] = b"0000444\x00"  # mode r--r--r--
-    header[108:116] = b"0000000\x00"  # uid
-    header[116:124] = b"0000000\x00"  # gid
-    header[124:136] = b"%011o\x00" % size
-    header[136:148] = b"00000000000\x00"  # mtime: fixed, so equal input gives equal shards
-    header[148:156] = b" " * 8
-    header[156:157] = kind
-    header[257:265] = b"ustar\x0000"
-    header[148:156] = b"%06o\x00 " % sum(header)
-    return bytes(header)
-
-
-def _pax_record(key: str, value: str) -> bytes:
-    body = f" {key}={value}\n".encode()
-    length = len(body) + 1
-    while len(str(length)) + len(body) != length:
-        length += 1
-    return str(length).encode() + body
-
-
-class TarShardWriter:
-    """A tar shard built in memory, one sample at a time: deterministic ustar, members of a
-    sample in field-name order, as webdataset writes them.
-
-    Args:
-        shard: The shard's name, for error messages. Defaults to "<tar shard>".
-
-    Raises:
-        Nothing on construction.
-    """
-
-    def __init__(self, shard: str = "<tar shard>") -> None:
-        self.shard = shard
-        self._out = io.BytesIO()
-        self._hash = hashlib.sha256()
-        self.offsets: list[int] = [0]
-        self.size = 0
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def _put(self, data: bytes) -> None:
-        self._out.write(data)
-        self._hash.update(data)
-        self.size += len(data)
-
-    def add(self, key: str, fields: Mapping[str, bytes | bytearray | memoryview]) -> None:
-        """Append one sample.
-
-        Args:
-            key: The sample's key: no "." in its base name, not empty, not a `__...__` name.
-            fields: `{field: bytes}`; the field becomes the member name's extension.
-
-        Raises:
-            ValueError: when the key or a field name would not read back as written (a "."
-                in the key's base name, an upper-case or empty field, a "/" in a field), or
-                a value is not bytes.
-        """
-        if not fields:
-            raise ValueError(f"sample {key!r} has no fields: a tar sample needs at least one")
-        for field in sorted(fields):
-            name = f"{key}.{field}"
-            if field != field.lower() or not field or "/" in field:
-                raise ValueError(
-                    f"field {field!r} of sample {key!r}: field names are lowercase, non-empty and "
-                    "hold no '/' (webdataset lowercases them when it reads)"
-                )
-            if split_name(name) != (key, field):
-                raise ValueError(
-                    f"key {key!r}: a key is a non-empty path whose base name holds no '.' and is "
-                    "not a __metadata__ name"
-                )
-            value = fields[field]
-            if not isinstance(value, (bytes, bytearray, memoryview)):
-                raise ValueError(
-                    f"field {field!r} of sample {key!r} is {type(value).__name__}, not bytes: "
-                    "encode it first (encode_auto)"
-                )
-            raw_name = name.encode("utf-8", "surrogateescape")
-            size = len(value)
-            if len(raw_name) > 100 or size >= 8**11:
-                records = b""
-                if len(raw_name) > 100:
-                    records += _pax_record("path", name)
-                if size >= 8**11:
-                    records += _pax_record("size", str(size))
-                self._put(_ustar_header(b"././@PaxHeader", len(records), b"x"))
-                self._put(records + bytes(_padded(len(records)) - len(records)))
-                raw_name = raw_name[:100]
-            self._put(_ustar_header(raw_name, min(size, 8**11 - 1)))
-            self._put(bytes(value))
-            self._put(bytes(_padded(size) - size))
-        self.offsets.append(self.size)
-
-    def finish(self) -> tuple[bytes, str]:
-        """Close the archive (two zero blocks).
-
-        Returns:
-            `(the shard's bytes, their sha256 hex digest)`.
-        """
-        self._put(bytes(2 * BLOCK))
-        return self._out.getvalue(), self._hash.hexdigest()
-
-
 # ---------------------------------------------------------------- encoding
 _INT_EXTS = frozenset({"cls", "cls2", "index", "id", "int"})
 _TEXT_EXTS = frozenset({"txt", "text"})
@@ -542,40 +431,6 @@ def decode_auto(sample: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- parquet
-def write_parquet(
-    rows: Sequence[Mapping[str, Any]], out: BinaryIO | str, row_group_size: int = 1024
-) -> list[int]:
-    """Write samples as the rows of one Parquet file.
-
-    Args:
-        rows: The samples, `{column: value}` each, all with the same columns; values are
-            what pyarrow stores (numbers, str, bytes, lists); encode arrays first.
-        out: A path or a binary file object to write to.
-        row_group_size: Rows per row group, the unit a random read decodes. Defaults to 1024.
-
-    Returns:
-        The number of rows in each row group.
-
-    Raises:
-        ValueError: when `rows` is empty, `row_group_size` is below 1, or the rows' columns
-            differ.
-        ImportError: when pyarrow is not installed.
-    """
-    pa, pq = _pyarrow()
-    if not rows:
-        raise ValueError("rows is empty: a Parquet shard needs at least one row")
-    if row_group_size < 1:
-        raise ValueError(f"row_group_size should be a positive number of rows, but got {row_group_size!r}")
-    columns = list(rows[0])
-    for i, row in enumerate(rows):
-        if list(row) != columns and set(row) != set(columns):
-            raise ValueError(f"row {i} has columns {sorted(row)}, the first row has {sorted(columns)}")
-    table = pa.table({c: [row[c] for row in rows] for c in columns})
-    pq.write_table(table, out, row_group_size=row_group_size)
-    n = len(rows)
-    return [min(row_group_size, n - s) for s in range(0, n, row_group_size)]
-
-
 def _pyarrow() -> tuple[Any, Any]:
     try:
         import pyarrow as pa
