@@ -196,3 +196,20 @@ def test_cli_as_a_subprocess(tmp_path) -> None:
     assert done.returncode == 0, done.stderr
     assert "3 tar shards, 20 samples" in done.stdout
     assert (tmp_path / INDEX_NAME).exists()
+
+
+def test_build_index_and_the_cli_over_s3(s3_url, tmp_path, capsys) -> None:
+    samples = _webdataset_shards(tmp_path / "local", counts=(4, 6))
+    store = Store(s3_url)
+    for name in sorted(os.listdir(tmp_path / "local")):
+        store.write(name, (tmp_path / "local" / name).read_bytes())
+    with pytest.raises(MissingIndexError, match=f"build it once with `stoker index {s3_url}`"):
+        Index.load(store)
+    assert main(["index", s3_url]) == 0
+    assert "2 tar shards, 10 samples" in capsys.readouterr().out
+    index = Index.load(store)
+    assert [s.sha256 for s in index.shards] == [s.sha256 for s in build_index(str(tmp_path / "local")).shards]
+    for i, want in enumerate(samples):
+        shard, k = index.locate(i)
+        got = read_tar_sample(store.read(index.shards[shard].name, *index.shards[shard].byte_range(k)))
+        assert got["__key__"] == want["__key__"] and got["txt"] == want["txt"].encode()

@@ -15,7 +15,6 @@ import io
 import multiprocessing
 import os
 import sys
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -320,9 +319,11 @@ def _run_part(plan: _Plan, part: int, lo: int, hi: int, source: Any = None) -> l
 
 
 def _context() -> Any:
-    # fork shares the source without pickling it, but is only safe where this process runs
-    # no other thread (a thread holding a lock at the fork leaves it held in the child).
-    if sys.platform.startswith("linux") and threading.active_count() == 1:
+    # On Linux, fork: the children inherit the source, which need not pickle (many datasets
+    # hold open files or handles). A child runs only the source's __getitem__, the encoder and
+    # its own Store client, made anew after the fork. Elsewhere fork is unsafe: spawn, and the
+    # source is pickled to each child.
+    if sys.platform.startswith("linux"):
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context("spawn")
 
