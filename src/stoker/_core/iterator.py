@@ -41,6 +41,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from . import forksafe, hostpin
+from .ahead import MOST_AHEAD, drawing_ahead, upcoming_hook
 from .auto import Head
 from .engines import Death, Engine, ProcessEngine, make_engine
 from .errors import ExceptionInfo, WorkerDiedError, WorkerRestartWarning, describe_index
@@ -215,12 +216,16 @@ class LoaderIterator(Generic[T]):
         scheduler.begin_epoch(self._recorded(source, number, 0))
 
     def _recorded(self, source: Any, epoch: int, start: int) -> Any:
-        """A user's stateful sampler has its state recorded after each batch is drawn."""
-        user = stateful_user_sampler(self._plan.index_sampler)
-        if user is None:
-            return source
-        record = self._progress.user_states.setdefault(epoch, {})
-        return recording(source, user, record, start, keep=self._plan.window + 2)
+        """A user's stateful sampler has its state recorded after each batch is drawn; a
+        dataset that follows the plan protocol hears of each batch as it is drawn (ahead)."""
+        plan = self._plan
+        hook = upcoming_hook(plan.dataset)
+        user = stateful_user_sampler(plan.index_sampler)
+        if user is not None:
+            record = self._progress.user_states.setdefault(epoch, {})
+            keep = plan.window + 2 + (MOST_AHEAD if hook is not None else 0)
+            source = recording(source, user, record, start, keep=keep)
+        return source if hook is None else drawing_ahead(source, hook, plan.window)
 
     @property
     def _workers(self) -> list[WorkerProcess]:

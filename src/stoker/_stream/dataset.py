@@ -1,0 +1,279 @@
+"""`ShardedDataset`: a map-style dataset over the shards at a URL prefix, read through a bounded
+local cache, with downloads driven by the loader's plan of upcoming batches.
+
+Start-up reads one object (the index). Sample `i` is found in the index (its shard and byte
+range, or row group), its shard is brought into the machine's cache (`ShardCache`: one
+download per machine, whoever asks first), and the sample is read from the local file.
+
+The loader tells the dataset what comes next through `stoker_upcoming` (the plan protocol,
+called in the loader's process with each batch's indices as its sampler draws them); a few
+threads there download the shards those batches need, in the order they are needed, and pin
+them in the cache until the batches are read. Workers then find their shards on local disk.
+A dataset used without a stoker loader (or by torch's) works the same, only without the
+downloads ahead: each shard is fetched when a sample of it is first read.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import os
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from .._data.datasets import Dataset
+from .cache import ShardCache
+from .formats import decode_auto, read_parquet_row, read_tar_sample
+from .index import Index
+from .store import Store
+
+# how many upcoming shards the downloads may run ahead of the batches being read, by default
+DEFAULT_PREFETCH_SHARDS = 4
+
+
+class ShardedDataset(Dataset[Any]):
+    """The samples of the shards at a URL prefix, read through a local cache.
+
+    The prefix holds the shards (WebDataset tar or Parquet, or what `write_shards` wrote)
+    and their index, `stoker-index.json` (`write_shards` writes it; `stoker index URL`
+    builds it once for shards written by another tool). A sample of a tar shard is a dict
+    with `__key__` and one entry per file of the sample, by extension; of a Parquet shard,
+    a dict of its row's columns.
+
+    Use it with `ShardedSampler`, whose order reads each shard in one stretch:
+
+        data = ShardedDataset("s3://bucket/train", cache_bytes=20 << 30)
+        loader = DataLoader(data, batch_size=64, sampler=ShardedSampler(data, seed=0))
+
+    Args:
+        url: The prefix: `s3://bucket/path`, `file:///path` or a plain path (tested);
+            `gs://`, `hf://`, `https://` go through the same client layer (untested here).
+        cache_dir: The machine's cache folder; datasets of other prefixes (or other
+            contents) get sub-folders of their own, so ranks and jobs reading the same
+            data share one. None means `stoker-shards` in the temporary folder
+            (`tempfile.gettempdir()`). Defaults to None.
+        cache_bytes: The cache's byte cap, never exceeded (int > 0). None means the
+            dataset's size or half the free space of `cache_dir`'s disk, whichever is
+            smaller. Defaults to None.
+        decode: "auto" decodes the fields whose extension says how (`cls`, `txt`, `json`,
+            `npy`, `pyd`; images stay bytes); None leaves every field bytes; or a callable
+            taking the sample dict and returning what `__getitem__` gives. Defaults to
+            "auto".
+        transform: A callable applied to each decoded sample. None means none. Defaults
+            to None.
+        storage_options: Options for the store's client (e.g. `{"endpoint_url": ...}`);
+            None means the client's defaults and the environment. Defaults to None.
+        client: "auto", "obstore" or "fsspec" (see `Store`). Defaults to "auto".
+        prefetch_shards: How many shards the downloads run ahead of the ones being read
+            (int >= 0; 0 downloads only what a batch already drawn needs). Defaults to 4.
+        download_threads: Concurrent downloads in the loader's process (int >= 1).
+            Defaults to 4.
+        timeout_s: How long a read waits for room in the cache, or for another process's
+            download of the shard it needs, before it raises. Defaults to 600.0.
+
+    Raises:
+        MissingObjectError: when the prefix has no index (the message says how to build it).
+        ValueError: when an argument is outside what it accepts (the message names it).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        cache_dir: str | None = None,
+        cache_bytes: int | None = None,
+        decode: str | Callable[[dict[str, Any]], Any] | None = "auto",
+        transform: Callable[[Any], Any] | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        client: str = "auto",
+        prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
+        download_threads: int = 4,
+        timeout_s: float = 600.0,
+    ) -> None:
+        if not (decode is None or decode == "auto" or callable(decode)):
+            raise ValueError(f"decode should be 'auto', None or a callable, but got decode={decode!r}")
+        if transform is not None and not callable(transform):
+            raise ValueError(f"transform should be a callable or None, but got transform={transform!r}")
+        for name, value, least in (("prefetch_shards", prefetch_shards, 0), ("download_threads", download_threads, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"{name} should be an int >= {least}, but got {name}={value!r}")
+        self.url = url
+        self.store = Store(url, storage_options=storage_options, client=client)
+        self.index = Index.load(self.store)
+        self.shard_starts = np.asarray(self.index.starts, dtype=np.int64)
+        self._sizes = [int(s.size) for s in self.index.shards]
+        self.decode = decode
+        self.transform = transform
+        self.prefetch_shards = prefetch_shards
+        self.download_threads = download_threads
+        folder = cache_dir if cache_dir is not None else os.path.join(tempfile.gettempdir(), "stoker-shards")
+        # one sub-folder per (prefix, contents): a rewritten prefix never reads an old shard
+        digest = hashlib.sha256(repr((self.store.url, [(s.name, s.sha256) for s in self.index.shards])).encode())
+        folder = os.path.join(folder, digest.hexdigest()[:16])
+        if cache_bytes is None:
+            os.makedirs(folder, exist_ok=True)
+            stat = os.statvfs(folder)
+            cache_bytes = max(1, min(sum(self._sizes), stat.f_bavail * stat.f_frsize // 2))
+        if not isinstance(cache_bytes, int) or isinstance(cache_bytes, bool) or cache_bytes <= 0:
+            raise ValueError(f"cache_bytes should be a positive int (bytes) or None, but got cache_bytes={cache_bytes!r}")
+        largest = max(self._sizes, default=0)
+        if cache_bytes < largest:
+            raise ValueError(
+                f"cache_bytes={cache_bytes} is smaller than the largest shard of {url} ({largest} bytes): "
+                "the cache must hold at least one whole shard"
+            )
+        self.cache_bytes = cache_bytes
+        self.cache = ShardCache(folder, cache_bytes, timeout_s=timeout_s)
+        self._planner: _Planner | None = None
+        self._planner_pid = -1
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i: int) -> Any:
+        n = len(self.index)
+        index = int(i)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"index {i} is out of range for a ShardedDataset of {n} samples")
+        number, k = self.index.locate(index)
+        try:
+            sample = self._read(number, k)
+        except OSError as exc:
+            raise _naming(exc, f"sample {index}, shard {self.store.url_of(self.index.shards[number].name)}") from exc
+        if self.decode == "auto":
+            sample = decode_auto(sample)
+        elif callable(self.decode):
+            sample = self.decode(sample)
+        if self.transform is not None:
+            sample = self.transform(sample)
+        return sample
+
+    def _read(self, number: int, k: int) -> dict[str, Any]:
+        shard = self.index.shards[number]
+        for _ in range(8):  # an eviction between finding the shard and opening it: fetch again
+            path = self._fetch(number)
+            try:
+                with self.cache.reading(shard.name) as f:
+                    if self.index.format == "parquet":
+                        group, row = shard.row_of(k)
+                        return read_parquet_row(path, group, row)
+                    start, end = shard.byte_range(k)
+                    f.seek(start)
+                    return read_tar_sample(f.read(end - start), shard=self.store.url_of(shard.name), sample=k)
+            except FileNotFoundError:
+                continue
+        raise OSError(f"shard {shard.name} was evicted from the cache each time it was fetched: raise cache_bytes")
+
+    def _fetch(self, number: int) -> str:
+        shard = self.index.shards[number]
+        return self.cache.get(shard.name, int(shard.size), shard.sha256, partial(self.store.download, shard.name))
+
+    # ------------------------------------------------------------------ the plan protocol
+    def stoker_upcoming(self, indices: list[int], behind: int) -> bool:
+        """The loader's plan: a batch its sampler just drew, ahead of its dispatch.
+
+        Called in the loader's process, once per batch in the order drawn. The shards the
+        batch needs are downloaded (a few at a time, in the order needed) and pinned in the
+        cache while this batch or one of the `behind` batches drawn before it may still be
+        read.
+
+        Args:
+            indices: The batch's sample indices.
+            behind: How many earlier batches may still be unread by the workers.
+
+        Returns:
+            True when the downloads would run further ahead: the loader then draws the next
+            batch at once.
+        """
+        if self._planner is None or self._planner_pid != os.getpid():
+            self._planner = _Planner(self, self.download_threads)
+            self._planner_pid = os.getpid()
+        return self._planner.drawn(indices, behind)
+
+    def close(self) -> None:
+        """Stop the downloads ahead and unpin their shards (the cache's files stay)."""
+        if self._planner is not None and self._planner_pid == os.getpid():
+            self._planner.close()
+        self._planner = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_planner"] = None  # each process plans for itself; a worker never does
+        state["_planner_pid"] = -1
+        return state
+
+    def __repr__(self) -> str:
+        return f"ShardedDataset({self.url!r}, {len(self.index)} samples in {len(self.index.shards)} shards)"
+
+
+def _naming(exc: OSError, where: str) -> OSError:
+    """`exc` again, of its own type, its message followed by which sample needed it."""
+    try:
+        named = type(exc).__new__(type(exc))
+        named.__dict__.update(exc.__dict__)
+        named.args = (f"{exc} (needed by {where})",)
+    except Exception:
+        return exc
+    return named
+
+
+class _Planner:
+    """The downloads ahead of one loader's batches, in its process."""
+
+    def __init__(self, dataset: ShardedDataset, threads: int) -> None:
+        self.dataset = dataset
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="stoker-shards")
+        self.lock = threading.Lock()
+        self.batches: collections.deque[tuple[int, ...]] = collections.deque()  # drawn, maybe unread
+        self.uses: collections.Counter[int] = collections.Counter()  # shard -> batches needing it
+        self.jobs: dict[int, Future[None]] = {}  # shard -> its download (pinned when done)
+        self.closed = False
+
+    def drawn(self, indices: list[int], behind: int) -> bool:
+        index = self.dataset.index
+        numbers = tuple(dict.fromkeys(index.locate(int(i))[0] for i in indices))
+        with self.lock:
+            self.batches.append(numbers)
+            for s in numbers:
+                self.uses[s] += 1
+                if s not in self.jobs and not self.closed:
+                    self.jobs[s] = self.pool.submit(self._download, s)
+            while len(self.batches) > behind + 1:
+                self._release(self.batches.popleft())
+            # look further while the shards drawn ahead are fewer than prefetch_shards
+            # beyond the ones the oldest batch needs
+            current = set(self.batches[0])
+            ahead = {s for b in self.batches for s in b} - current
+            return len(ahead) < self.dataset.prefetch_shards
+
+    def _download(self, number: int) -> None:
+        dataset = self.dataset
+        dataset._fetch(number)
+        dataset.cache.pin(dataset.index.shards[number].name)
+
+    def _release(self, numbers: tuple[int, ...]) -> None:
+        for s in numbers:
+            self.uses[s] -= 1
+            if self.uses[s] <= 0:
+                del self.uses[s]
+                job = self.jobs.pop(s, None)
+                if job is not None:
+                    job.add_done_callback(partial(self._unpin, s))
+
+    def _unpin(self, number: int, job: Future[None]) -> None:
+        if not job.cancelled() and job.exception() is None:  # a failed one: the read that needs it reports it
+            self.dataset.cache.unpin(self.dataset.index.shards[number].name)
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            while self.batches:
+                self._release(self.batches.popleft())
+        self.pool.shutdown(wait=False, cancel_futures=True)
