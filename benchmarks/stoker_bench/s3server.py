@@ -655,8 +655,11 @@ class FaultProxy:
                 body_length = _get(up_headers, "content-length")
                 no_body = method == "HEAD" or status in (204, 304)
                 if outcome == "reset":
+                    if no_body:  # nothing to cut short: reset before the answer
+                        _reset(client)
+                        return
                     client.sendall(_head_bytes(response[0], up_headers))
-                    if not no_body and body_length is not None:
+                    if body_length is not None:
                         part = int(body_length) // 2
                         sink = _Sink(client, self.bandwidth, self._count_sent)
                         _copy_exact(up_rfile, sink, part, buffer)
