@@ -20,6 +20,7 @@ import random
 import sys
 import threading
 import time
+import traceback
 from typing import Any, BinaryIO
 
 from stoker._stream.cache import ShardCache
@@ -67,8 +68,8 @@ def hammer(job: dict[str, Any], cache: ShardCache) -> dict[str, Any]:
     def loop(seed: int) -> None:
         try:
             run(seed)
-        except BaseException as exc:
-            errors.append(f"{type(exc).__name__}: {exc}")
+        except BaseException:
+            errors.append(traceback.format_exc())
 
     def run(seed: int) -> None:
         rng = random.Random(seed)
@@ -137,7 +138,8 @@ def main() -> int:
             cache.get(name, size, None, make_fetch(name, size, job["log"]))
         except OSError as exc:
             result = {"error": type(exc).__name__, "errno": exc.errno, "message": str(exc)}
-    result.update(peak=cache.peak, downloads=cache.downloads, evictions=cache.evictions)
+    fetches = open(job["log"]).read().count("\n") if os.path.exists(job["log"]) else 0
+    result.update(peak=cache.peak, downloads=cache.downloads, evictions=cache.evictions, fetches=fetches)
     print(json.dumps(result))
     return 1 if result.get("errors") else 0
 

@@ -117,6 +117,14 @@ def test_names_with_slashes_and_dots_get_files_of_their_own(tmp_path):
         assert Path(path).read_bytes() == content(name, 100 + i)
 
 
+def test_a_shard_whose_size_changed_is_fetched_again(tmp_path):
+    cache = ShardCache(str(tmp_path / "c"), 10_000)
+    get(cache, "a", 100)
+    path = get(cache, "a", 300)
+    assert Path(path).read_bytes() == content("a", 300)
+    assert cache.downloads == 2 and cache.usage() == 300
+
+
 def test_lru_evicts_the_least_recently_used(tmp_path):
     cache = ShardCache(str(tmp_path / "c"), 3000)
     for name in ("a", "b", "c"):
@@ -139,7 +147,8 @@ def test_cap_never_exceeded_by_four_processes(tmp_path):
 
     def monitor() -> None:
         while not stop.is_set():
-            samples.append(measure_usage(str(directory)))
+            # under the cache's lock: the usage at one instant (see measure_usage)
+            samples.append(measure_usage(str(directory), locked=True))
 
     watcher = threading.Thread(target=monitor)
     watcher.start()
@@ -210,6 +219,8 @@ def test_killed_downloader_leaves_no_shard_and_the_next_get_downloads_afresh(tmp
     wait_for(ready, child)
     assert len(files(directory, "tmp")) == 1
     assert measure_usage(str(directory)) == 60_000  # pre-sized: counted from the start
+    with pytest.raises(TimeoutError, match=r"another process has been downloading shard k\.tar"):
+        get(ShardCache(str(directory), 100_000, timeout_s=0.3), "k.tar", 60_000)
     kill(child)
     assert files(directory, "shards") == []
     cache = ShardCache(str(directory), 100_000, timeout_s=10)
@@ -434,40 +445,57 @@ needs_mounts = pytest.mark.skipif(
 )
 
 
-def in_tmpfs(job: dict, options: str) -> dict:
-    """Run a child job with its cache in a fresh tmpfs of its own (a private mount namespace)."""
-    mount = "/tmp/stoker-cache-test"
-    job = dict(job, dir=f"{mount}/cache", log=f"{mount}/log")
-    script = f"mkdir -p {mount} && mount -t tmpfs -o {options} tmpfs {mount} && exec {sys.executable} {CHILD} '{json.dumps(job)}'"
-    return finish(subprocess.Popen(["unshare", "-m", "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-
-
-@needs_mounts
-def test_a_full_disk_is_named_and_its_file_removed():
-    # the cap (1 MB) is above what the disk holds (256 kB): space runs out on the disk itself
-    job = dict(job="get", cap=1_000_000, name="big", size=400_000)
-    for no_fallocate in (False, True):  # found when reserving; found while writing
-        result = in_tmpfs(dict(job, no_fallocate=no_fallocate), "size=256k")
-        assert result["error"] == "OSError" and result["errno"] == errno.ENOSPC, result
-        assert "/tmp/stoker-cache-test/cache is full" in result["message"]
-        assert result["downloads"] == 0
-
-
-@needs_mounts
-def test_a_full_disk_leaves_no_partial_file(tmp_path):
-    mount = "/tmp/stoker-cache-test"
-    job = json.dumps(dict(job="get", dir=f"{mount}/cache", log=f"{mount}/log", cap=1_000_000, name="big", size=400_000, no_fallocate=True))
-    script = (
-        f"mkdir -p {mount} && mount -t tmpfs -o size=256k tmpfs {mount} && "
-        f"{sys.executable} {CHILD} '{job}' >/dev/null && ls -A {mount}/cache/tmp {mount}/cache/shards"
-    )
+def in_tmpfs(mount: Path, job: dict, options: str, then: str = "") -> tuple[dict, str]:
+    """Run a child job with its cache in a fresh tmpfs at `mount`, in a mount namespace of its
+    own (the mount goes when the child does); `then` runs in the namespace after it."""
+    mount.mkdir()
+    job = dict(job, dir=f"{mount}/cache", log=f"{mount.parent}/{mount.name}.log")
+    script = f"mount -t tmpfs -o {options} tmpfs {mount} && {sys.executable} {CHILD} '{json.dumps(job)}' && echo END {then}"
     done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [f"{mount}/cache/shards:", f"{mount}/cache/tmp:"]
+    first, _, rest = done.stdout.partition("END")
+    return json.loads(first), rest
 
 
 @needs_mounts
-def test_a_read_only_folder_is_named():
-    result = in_tmpfs(dict(job="get", cap=1000, name="a", size=10), "size=64k,ro")
+def test_a_full_disk_is_named_and_its_file_removed(tmp_path):
+    # the cap (1 MB) is above what the disk holds (256 kB): space runs out on the disk itself
+    job = dict(job="get", cap=1_000_000, name="big", size=400_000)
+    for no_fallocate, fetches in ((False, 0), (True, 1)):  # found when reserving; while writing
+        mount = tmp_path / f"m{int(no_fallocate)}"
+        result, listing = in_tmpfs(
+            mount, dict(job, no_fallocate=no_fallocate), "size=256k", f"; ls -A {mount}/cache/tmp {mount}/cache/shards"
+        )
+        assert result["error"] == "OSError" and result["errno"] == errno.ENOSPC, result
+        assert f"{mount}/cache is full" in result["message"]
+        assert result["downloads"] == 0 and result["fetches"] == fetches
+        assert sorted(listing.split()) == [f"{mount}/cache/shards:", f"{mount}/cache/tmp:"]  # empty
+
+
+@needs_mounts
+def test_a_read_only_folder_is_named(tmp_path):
+    mount = tmp_path / "m"
+    result, _ = in_tmpfs(mount, dict(job="get", cap=1000, name="a", size=10), "size=64k,ro")
     assert result["error"] == "PermissionError", result
-    assert "/tmp/stoker-cache-test/cache is not writable" in result["message"]
+    assert f"{mount}/cache is not writable" in result["message"]
+
+
+@needs_mounts
+def test_cap_holds_on_a_disk_exactly_the_caps_size(tmp_path):
+    # the kernel counts: on a tmpfs of exactly `cap` bytes, shards of whole pages, going over
+    # the cap even once would fail a download with ENOSPC
+    mount, cap = tmp_path / "m", 40 * 4096
+    mount.mkdir()
+    shards = {f"s{i:02d}": 4096 * (4 + i) for i in range(10)}
+    jobs = [
+        json.dumps(dict(job="hammer", dir=f"{mount}/cache", cap=cap, shards=shards, seconds=2.0, threads=2, seed=seed, log=f"{tmp_path}/log"))
+        for seed in range(4)
+    ]
+    script = f"mount -t tmpfs -o size={cap} tmpfs {mount} && " + " & ".join(f"{sys.executable} {CHILD} '{job}'" for job in jobs) + " & wait"
+    done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    results = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(results) == 4, done.stderr
+    assert all(r["errors"] == [] for r in results), results
+    assert sum(r["evictions"] for r in results) > 5
+    assert max(r["peak"] for r in results) <= cap

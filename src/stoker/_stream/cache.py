@@ -23,7 +23,7 @@ process leaves nothing locked):
 - a shard's lock file, exclusively, around "present? -> download -> verify -> rename";
 - a temporary file, exclusively, by its downloader: one that can be locked is stale;
 - a shard file, shared, by each process that pins it: eviction takes it exclusively without
-  waiting, and skips the shard when it cannot.
+  waiting, and skips the shard when it cannot; it empties the file, then unlinks it.
 flock needs the folder on a local filesystem (not NFS).
 """
 
@@ -42,13 +42,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, NamedTuple, cast
 
-try:
-    from .formats import CorruptShardError
-except ImportError:  # formats.py is written beside this module; until it lands
+from .formats import CorruptShardError
 
-    class CorruptShardError(OSError):  # type: ignore[no-redef]
-        """A shard's bytes are not what the index says (size or sha256)."""
-
+__all__ = ["CacheFullError", "CorruptShardError", "ShardCache", "measure_usage"]
 
 _GLOBAL_LOCK = "cache.lock"
 _SHARDS = "shards"
@@ -138,36 +134,52 @@ def _escape(name: str) -> str:
     return escaped
 
 
-def measure_usage(directory: str) -> int:
+def measure_usage(directory: str, locked: bool = False) -> int:
     """The bytes a cache folder holds: the sum of `st_size` of its complete shards and of its
-    downloads in progress (the lock files are empty).
+    downloads in progress (the lock files are empty), read from outside, as a monitor would.
 
-    Reads the folder from outside, without a lock, as a monitor would. Downloads in progress
-    are listed first and a file is counted once (by inode), so a download renamed into place
-    while the folder is read is not counted twice.
+    Downloads in progress are listed first and a file is counted once (by inode), so one
+    renamed into place while the folder is read is not counted twice. Without the lock, shards
+    evicted and downloaded while the folder is read may still be counted with those they
+    replaced (an over-count); with it, no room is reserved or freed meanwhile, and the count
+    is the folder's usage at the moment the lock was taken.
 
     Args:
         directory: The cache's folder.
+        locked: Whether to count under the cache's global lock (waiting for it). Defaults
+            to False.
 
     Returns:
         The total in bytes (0 when the folder does not exist).
     """
-    seen: set[int] = set()
-    total = 0
-    for sub in (_TMP, _SHARDS):
+    fd = None
+    if locked:
         try:
-            entries = list(os.scandir(os.path.join(directory, sub)))
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-        for entry in entries:
+            fd = _open(os.path.join(directory, _GLOBAL_LOCK), os.O_RDONLY)
+        except FileNotFoundError:
+            return 0
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        seen: set[int] = set()
+        total = 0
+        for sub in (_TMP, _SHARDS):
             try:
-                st = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:  # evicted, or renamed, while the folder was read
+                entries = list(os.scandir(os.path.join(directory, sub)))
+            except (FileNotFoundError, NotADirectoryError):
                 continue
-            if st.st_ino not in seen:
-                seen.add(st.st_ino)
-                total += st.st_size
-    return total
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # evicted, or renamed, while the folder was read
+                    continue
+                if st.st_ino not in seen:
+                    seen.add(st.st_ino)
+                    total += st.st_size
+        return total
+    finally:
+        if fd is not None:
+            _close(fd)
 
 
 class _NoRoom(NamedTuple):
@@ -390,7 +402,9 @@ class ShardCache:
 
         On the machine, exactly one process downloads a shard at a time: the others wait for
         it and then find the file. The shard is not pinned: read it through `reading`, or
-        `pin` it, and call `get` again if it was evicted in between.
+        `pin` it, and call `get` again if it was evicted in between. An eviction empties the
+        file before it unlinks it (so that its blocks are freed at once), so a file opened
+        without a pin may be cut short under its reader.
 
         Args:
             name: The shard's name (a path relative to the store's prefix).
@@ -596,8 +610,9 @@ class ShardCache:
             except FileNotFoundError:
                 continue
             try:
-                if _try_lock(fd, fcntl.LOCK_EX):  # its downloader died
-                    os.unlink(entry.path)
+                if _try_lock(fd, fcntl.LOCK_EX):  # its downloader died, or just let go of it
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
                 else:
                     downloading += os.fstat(fd).st_size
             finally:
@@ -620,8 +635,11 @@ class ShardCache:
                     if used - freed + size <= self.cap_bytes:
                         break
                     try:
-                        vfd = _open(victim, os.O_RDONLY)
+                        vfd = _open(victim, os.O_RDWR)
                     except FileNotFoundError:
+                        continue
+                    except PermissionError:  # another user's shard: not this process's to evict
+                        pinned += os.stat(victim).st_size
                         continue
                     victims.append((vfd, victim))
                     if _try_lock(vfd, fcntl.LOCK_EX):
@@ -632,7 +650,10 @@ class ShardCache:
                         victims.pop()
                 if used - freed + size > self.cap_bytes:
                     return _NoRoom(used, pinned, downloading)  # evicting would not be enough
-                for _, victim in victims:
+                for vfd, victim in victims:
+                    # emptied first: a process that opened it just now, to pin it, would
+                    # otherwise keep its blocks on disk until it sees it is gone
+                    os.ftruncate(vfd, 0)
                     os.unlink(victim)
                 used -= freed
             finally:
