@@ -557,9 +557,11 @@ class ShardCache:
                     f"cache's cap ({self.cap_bytes} bytes) below what the disk can hold",
                 ) from exc
             raise
-        now = time.time_ns()
-        os.utime(path, ns=(now, now))
-        _close(fd)
+        try:
+            now = time.time_ns()
+            os.utime(path, ns=(now, now))
+        finally:
+            _close(fd)
         proc = self._proc
         with proc.lock:
             proc.downloads += 1
