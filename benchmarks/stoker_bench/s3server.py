@@ -31,7 +31,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Collection
 from types import TracebackType
 from typing import IO, Any
@@ -238,6 +238,8 @@ _ERRORS = {
     503: ("SlowDown", "Please reduce your request rate."),
 }
 _CHUNK = 1 << 20
+# How many requests FaultProxy.log remembers (method, path, outcome), the latest last.
+LOG_LENGTH = 100_000
 
 
 def _error_response(status: int, resource: str, keep_alive: bool, head_only: bool) -> bytes:
@@ -376,7 +378,9 @@ class FaultProxy:
 
     Fractions apply independently, in this order: hang, reset, fail. Prefix rules (`deny`,
     `missing`) come first and apply to every method. All settings are plain attributes and
-    may be changed while it runs.
+    may be changed while it runs. What it did is in `requests`, `bytes_sent` (response body
+    bytes sent to clients), `bytes_received` (request body bytes), `faults` (a Counter by
+    outcome: "fail", "reset", "hang", "deny", "missing") and `log`.
 
     Args:
         upstream: The endpoint to forward to, e.g. `http://127.0.0.1:PORT`.
@@ -432,7 +436,7 @@ class FaultProxy:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.faults: Counter[str] = Counter()
-        self.log: list[tuple[str, str, str]] = []
+        self.log: deque[tuple[str, str, str]] = deque(maxlen=LOG_LENGTH)
         self.endpoint = ""
         self._denied: list[str] = []
         self._missing: list[str] = []
