@@ -7,8 +7,9 @@ download per machine, whoever asks first), and the sample is read from the local
 
 The loader tells the dataset what comes next through `stoker_upcoming` (the plan protocol,
 called in the loader's process with each batch's indices as its sampler draws them); a few
-threads there download the shards those batches need, in the order they are needed, and pin
-them in the cache until the batches are read. Workers then find their shards on local disk.
+threads there download the shards those batches need, in the order they are needed, so that
+the cache's least-recently-used eviction takes shards already read before those. Workers then
+find their shards on local disk.
 A dataset used without a stoker loader (or by torch's) works the same, only without the
 downloads ahead: each shard is fetched when a sample of it is first read.
 """
@@ -180,9 +181,10 @@ class ShardedDataset(Dataset[Any]):
         """The loader's plan: a batch its sampler just drew, ahead of its dispatch.
 
         Called in the loader's process, once per batch in the order drawn. The shards the
-        batch needs are downloaded (a few at a time, in the order needed) and pinned in the
-        cache while this batch or one of the `behind` batches drawn before it may still be
-        read.
+        batch needs are downloaded (a few at a time, in the order needed); the drawing goes
+        on ahead while this batch and the `behind` batches drawn before it, which may still
+        be unread, need fewer than `prefetch_shards` shards beyond the oldest one's, and fill
+        at most half the cache.
 
         Args:
             indices: The batch's sample indices.
@@ -198,7 +200,7 @@ class ShardedDataset(Dataset[Any]):
         return self._planner.drawn(indices, behind)
 
     def close(self) -> None:
-        """Stop the downloads ahead and unpin their shards (the cache's files stay)."""
+        """Stop the downloads ahead (the cache's files stay)."""
         if self._planner is not None and self._planner_pid == os.getpid():
             self._planner.close()
         self._planner = None
@@ -225,7 +227,13 @@ def _naming(exc: OSError, where: str) -> OSError:
 
 
 class _Planner:
-    """The downloads ahead of one loader's batches, in its process."""
+    """The downloads ahead of one loader's batches, in its process.
+
+    It pins nothing: a pin held for a batch drawn ahead could hold room that a worker of
+    another rank, waiting at a barrier with this one, needs now. Downloading a shard touches
+    it as just used, so the cache's least-recently-used eviction takes shards already read
+    before those that batches drawn ahead need; the lookahead stops at half the cache's cap,
+    so that the shards it brings are not evicted before they are read."""
 
     def __init__(self, dataset: ShardedDataset, threads: int) -> None:
         self.dataset = dataset
@@ -233,47 +241,39 @@ class _Planner:
         self.lock = threading.Lock()
         self.batches: collections.deque[tuple[int, ...]] = collections.deque()  # drawn, maybe unread
         self.uses: collections.Counter[int] = collections.Counter()  # shard -> batches needing it
-        self.jobs: dict[int, Future[None]] = {}  # shard -> its download (pinned when done)
+        self.jobs: dict[int, Future[str]] = {}  # shard -> its download
         self.closed = False
 
     def drawn(self, indices: list[int], behind: int) -> bool:
-        index = self.dataset.index
-        numbers = tuple(dict.fromkeys(index.locate(int(i))[0] for i in indices))
+        dataset = self.dataset
+        numbers = tuple(dict.fromkeys(dataset.index.locate(int(i))[0] for i in indices))
         with self.lock:
             self.batches.append(numbers)
             for s in numbers:
                 self.uses[s] += 1
                 if s not in self.jobs and not self.closed:
-                    self.jobs[s] = self.pool.submit(self._download, s)
+                    self.jobs[s] = self.pool.submit(dataset._fetch, s)
             while len(self.batches) > behind + 1:
                 self._release(self.batches.popleft())
-            # look further while the shards drawn ahead are fewer than prefetch_shards
-            # beyond the ones the oldest batch needs
+            # look further while fewer than prefetch_shards shards are drawn beyond those the
+            # oldest unread batch needs, and the shards of the unread batches fill at most
+            # half the cap
             current = set(self.batches[0])
-            ahead = {s for b in self.batches for s in b} - current
-            return len(ahead) < self.dataset.prefetch_shards
-
-    def _download(self, number: int) -> None:
-        dataset = self.dataset
-        dataset._fetch(number)
-        dataset.cache.pin(dataset.index.shards[number].name)
+            ahead = set(self.uses) - current
+            live = sum(dataset._sizes[s] for s in self.uses)
+            return len(ahead) < dataset.prefetch_shards and 2 * live < dataset.cache_bytes
 
     def _release(self, numbers: tuple[int, ...]) -> None:
         for s in numbers:
             self.uses[s] -= 1
             if self.uses[s] <= 0:
                 del self.uses[s]
-                job = self.jobs.pop(s, None)
-                if job is not None:
-                    job.add_done_callback(partial(self._unpin, s))
-
-    def _unpin(self, number: int, job: Future[None]) -> None:
-        if not job.cancelled() and job.exception() is None:  # a failed one: the read that needs it reports it
-            self.dataset.cache.unpin(self.dataset.index.shards[number].name)
+                self.jobs.pop(s, None)  # drawn again later: fetched (or touched) again
 
     def close(self) -> None:
         with self.lock:
             self.closed = True
-            while self.batches:
-                self._release(self.batches.popleft())
+            self.batches.clear()
+            self.uses.clear()
+            self.jobs.clear()
         self.pool.shutdown(wait=False, cancel_futures=True)
