@@ -27,75 +27,30 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, BinaryIO, TypeVar
+
+from .clients import (
+    OBSTORE_SCHEMES,
+    S3_OPTION_KEYS,
+    AccessDeniedError,
+    Backend,
+    FsspecBackend,
+    LocalBackend,
+    MissingObjectError,
+    ObstoreBackend,
+    RangeNotSatisfiable,
+    StoreError,
+    Transient,
+    classify,
+    describe,
+    obstore_installed,
+    obstore_usable,
+)
 
 T = TypeVar("T")
 
-# How much of an object is held in memory at once while it is downloaded.
-CHUNK_BYTES = 8 << 20
 # The longest wait between two attempts, whatever `backoff_s` and the attempt number say.
 MAX_BACKOFF_S = 20.0
-OBSTORE_SCHEMES = frozenset({"s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "http", "https"})
-# fsspec-style storage options (as s3fs takes them) and the obstore S3 config key each means.
-S3_OPTION_KEYS = {
-    "endpoint_url": "endpoint",
-    "endpoint": "endpoint",
-    "key": "access_key_id",
-    "aws_access_key_id": "access_key_id",
-    "access_key_id": "access_key_id",
-    "secret": "secret_access_key",
-    "aws_secret_access_key": "secret_access_key",
-    "secret_access_key": "secret_access_key",
-    "token": "session_token",
-    "aws_session_token": "session_token",
-    "session_token": "session_token",
-    "region": "region",
-    "region_name": "region",
-    "anon": "skip_signature",
-    "skip_signature": "skip_signature",
-}
-
-
-class StoreError(OSError):
-    """A request to the store failed after its retries; the message names the URL.
-
-    Args:
-        url: The object's (or prefix's) URL.
-        reason: What went wrong, last cause included.
-    """
-
-    def __init__(self, url: str, reason: str) -> None:
-        super().__init__(f"{url}: {reason}")
-        self.url = url
-        self.reason = reason
-
-
-class MissingObjectError(FileNotFoundError):
-    """The object is not in the store; the message names its URL.
-
-    Args:
-        url: The object's URL.
-        reason: What the store said. Defaults to "no such object".
-    """
-
-    def __init__(self, url: str, reason: str = "no such object") -> None:
-        super().__init__(f"{url}: {reason}")
-        self.url = url
-
-
-class AccessDeniedError(PermissionError):
-    """The store refused access to the object; the message names its URL.
-
-    Args:
-        url: The object's URL.
-        reason: What the store said. Defaults to "access denied".
-    """
-
-    def __init__(self, url: str, reason: str = "access denied") -> None:
-        super().__init__(f"{url}: {reason}")
-        self.url = url
-
 
 @dataclass
 class Counters:
@@ -160,92 +115,6 @@ def split_url(url: str) -> tuple[str, str]:
     return parsed.scheme, url
 
 
-class _Transient(Exception):
-    """A failure worth another attempt (raised by the backends for a short body)."""
-
-
-class _RangeNotSatisfiable(Exception):
-    """The store answered 416: the range starts at or past the object's end."""
-
-
-class _SizeMismatch(Exception):
-    """The object is not the size the caller expected: not worth another attempt."""
-
-
-# The pid of the process whose obstore runtime has made requests. obstore's runtime does not
-# survive fork: a child forked from that process hangs in its first request, so such a child
-# uses fsspec instead (a process forked before the first request, or spawned, is fine).
-_obstore_used_in: int | None = None
-
-
-def _obstore_usable() -> bool:
-    return _obstore_used_in is None or _obstore_used_in == os.getpid()
-
-
-def _obstore_installed() -> bool:
-    try:
-        import obstore  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _classify(exc: BaseException) -> str:
-    """What a client's exception means: "missing", "denied", "transient" or "fatal"."""
-    if isinstance(exc, (MissingObjectError, FileNotFoundError)):
-        return "missing"
-    if isinstance(exc, PermissionError):
-        return "denied"
-    if isinstance(exc, (_Transient, TimeoutError, ConnectionError)):
-        return "transient"
-    fatal = (_SizeMismatch, _RangeNotSatisfiable, IsADirectoryError, NotADirectoryError)
-    if isinstance(exc, (*fatal, FileExistsError)):
-        return "fatal"
-    module = type(exc).__module__ or ""
-    name = type(exc).__name__
-    if module.startswith("obstore"):
-        if name in ("PermissionDeniedError", "UnauthenticatedError"):
-            return "denied"
-        if name == "NotFoundError":
-            return "missing"
-        if name == "GenericError":
-            return "transient" if _transient_text(str(exc)) else "fatal"
-        return "fatal"
-    if isinstance(exc, OSError):
-        return "transient"  # s3fs turns 5xx answers (InternalError, SlowDown) into OSError
-    if module.startswith(("aiohttp", "botocore", "aiobotocore", "urllib3", "http.client")):
-        settled = ("ParamValidationError", "InvalidRegionError", "UnknownServiceError")
-        return "fatal" if name in settled or "Credential" in name else "transient"
-    if name in ("IncompleteRead", "ClientPayloadError", "ReadTimeoutError"):
-        return "transient"
-    return "fatal"
-
-
-def _transient_text(text: str) -> bool:
-    """Whether an obstore GenericError's message describes a transient failure."""
-    text = text.lower()
-    if "status: 4" in text or "client error (4" in text or "code: 4" in text:
-        return "429" in text or "slowdown" in text or "status: 408" in text
-    signs = (
-        "server error",
-        "status: 5",
-        "slowdown",
-        "timeout",
-        "timed out",
-        "connection",
-        "reset",
-        "broken pipe",
-        "error sending request",
-        "error decoding response body",
-        "incomplete",
-        "body",
-        "eof",
-        "http error",
-        "retry",
-    )
-    return any(sign in text for sign in signs)
-
-
 class Store:
     """Objects under one prefix URL, read and written by name (a path relative to it).
 
@@ -299,7 +168,7 @@ class Store:
         self.timeout_s = timeout_s
         self.counters = Counters()
         self._lock = threading.Lock()
-        self._client: tuple[int, _Backend] | None = None
+        self._client: tuple[int, Backend] | None = None
 
     @property
     def backend(self) -> str:
@@ -308,7 +177,7 @@ class Store:
             return self.client
         if self.scheme == "file":
             return "local"
-        if self.scheme in OBSTORE_SCHEMES and _obstore_usable() and _obstore_installed():
+        if self.scheme in OBSTORE_SCHEMES and obstore_usable() and obstore_installed():
             if self.scheme in ("s3", "s3a"):
                 if set(self.storage_options) <= set(S3_OPTION_KEYS):
                     return "obstore"
@@ -327,7 +196,7 @@ class Store:
         """
         return f"{self.url}/{name}"
 
-    def _backend(self) -> _Backend:
+    def _backend(self) -> Backend:
         """This process's client, made on first use (and again in a forked child)."""
         made = self._client
         pid = os.getpid()
@@ -337,20 +206,20 @@ class Store:
             made = self._client
             if made is None or made[0] != pid:
                 kind = self.backend
-                backend: _Backend
+                backend: Backend
                 if kind == "local":
-                    backend = _LocalBackend(self)
+                    backend = LocalBackend(self)
                 elif kind == "obstore":
-                    if not _obstore_usable():
+                    if not obstore_usable():
                         raise StoreError(
                             self.url,
                             "client='obstore' cannot run in a process forked from one that used "
                             "obstore (its runtime does not survive fork): use client='auto' or "
                             "'fsspec', or start worker processes with 'spawn' or 'forkserver'",
                         )
-                    backend = _ObstoreBackend(self)
+                    backend = ObstoreBackend(self)
                 else:
-                    backend = _FsspecBackend(self)
+                    backend = FsspecBackend(self)
                 made = self._client = (pid, backend)
         return made[1]
 
@@ -365,8 +234,8 @@ class Store:
             try:
                 return op()
             except Exception as exc:
-                kind = _classify(exc)
-                local = self.scheme == "file" and not isinstance(exc, _Transient)
+                kind = classify(exc)
+                local = self.scheme == "file" and not isinstance(exc, Transient)
                 if kind == "transient" and local:
                     kind = "fatal"  # a local disk's errors do not go away by asking again
                 if isinstance(exc, (MissingObjectError, AccessDeniedError, StoreError)):
@@ -374,13 +243,13 @@ class Store:
                 if kind == "missing":
                     raise MissingObjectError(url) from exc
                 if kind == "denied":
-                    raise AccessDeniedError(url, f"access denied ({_describe(exc)})") from exc
+                    raise AccessDeniedError(url, f"access denied ({describe(exc)})") from exc
                 if kind == "fatal":
-                    raise StoreError(url, _describe(exc)) from exc
+                    raise StoreError(url, describe(exc)) from exc
                 last = exc
         assert last is not None
         attempts = f"failed {self.retries + 1} times (retries={self.retries})"
-        raise StoreError(url, f"{attempts}; last: {_describe(last)}") from last
+        raise StoreError(url, f"{attempts}; last: {describe(last)}") from last
 
     # The methods below are the whole interface the rest of stoker uses.
     def read(self, name: str, start: int | None = None, end: int | None = None) -> bytes:
@@ -413,7 +282,7 @@ class Store:
         def attempt() -> bytes:
             try:
                 return backend.read(name, start, end)
-            except _RangeNotSatisfiable:
+            except RangeNotSatisfiable:
                 if (start or 0) >= backend.size(name):
                     return b""  # as a file read past its end
                 raise
@@ -448,7 +317,7 @@ class Store:
             out.truncate()
             written = backend.download(name, out, size)
             if size is not None and written != size:
-                raise _Transient(f"got {written} bytes, expected {size}")
+                raise Transient(f"got {written} bytes, expected {size}")
             return written
 
         return self._attempt(self.url_of(name), attempt)
@@ -514,305 +383,3 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({self.url!r}, client={self.client!r})"
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().replace("\n", " ")
-    if len(text) > 600:
-        text = text[:600] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _check_range(url: str, got: int, start: int, end: int | None, size: int) -> None:
-    """Raise _Transient when a read of [start, end) returned other than what the object
-    holds there."""
-    want = max(0, (size if end is None else min(end, size)) - start)
-    if got != want:
-        raise _Transient(f"{url}: body of {got} bytes where {want} were expected")
-
-
-def _check_size(url: str, actual: int, expected: int | None) -> None:
-    if expected is not None and actual != expected:
-        raise _SizeMismatch(f"{url} is {actual} bytes, but {expected} were expected")
-
-
-class _Backend:
-    """One client's requests; each method is one attempt (the Store retries)."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self.counters = store.counters
-
-    def read(self, name: str, start: int | None, end: int | None) -> bytes:
-        raise NotImplementedError
-
-    def download(self, name: str, out: BinaryIO, size: int | None) -> int:
-        raise NotImplementedError
-
-    def write(self, name: str, data: bytes) -> None:
-        raise NotImplementedError
-
-    def size(self, name: str) -> int:
-        raise NotImplementedError
-
-    def list(self) -> list[str]:
-        raise NotImplementedError
-
-
-class _LocalBackend(_Backend):
-    def _path(self, name: str) -> str:
-        return os.path.join(self.store._root, name)
-
-    def read(self, name: str, start: int | None, end: int | None) -> bytes:
-        self.counters.add(requests=1)
-        with open(self._path(name), "rb") as f:
-            if start:
-                f.seek(start)
-            data = f.read() if end is None else f.read(end - (start or 0))
-        self.counters.add(nbytes=len(data))
-        return data
-
-    def download(self, name: str, out: BinaryIO, size: int | None) -> int:
-        self.counters.add(requests=1)
-        written = 0
-        with open(self._path(name), "rb") as f:
-            _check_size(self.store.url_of(name), os.fstat(f.fileno()).st_size, size)
-            while True:
-                chunk = f.read(CHUNK_BYTES)
-                if not chunk:
-                    break
-                out.write(chunk)
-                written += len(chunk)
-                self.counters.add(nbytes=len(chunk))
-        return written
-
-    def write(self, name: str, data: bytes) -> None:
-        self.counters.add(requests=1)
-        path = self._path(name)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        partial = f"{path}.partial-{os.getpid()}-{threading.get_ident()}"
-        try:
-            with open(partial, "wb") as f:
-                f.write(data)
-            os.replace(partial, path)
-        finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
-
-    def size(self, name: str) -> int:
-        self.counters.add(requests=1)
-        return os.path.getsize(self._path(name))
-
-    def list(self) -> list[str]:
-        self.counters.add(requests=1)
-        root = self.store._root
-        if not os.path.isdir(root):
-            return []
-        found = []
-        for folder, _, files in os.walk(root):
-            for file in files:
-                found.append(os.path.relpath(os.path.join(folder, file), root))
-        return found
-
-
-class _ObstoreBackend(_Backend):
-    def __init__(self, store: Store) -> None:
-        super().__init__(store)
-        import obstore.store
-
-        global _obstore_used_in
-        _obstore_used_in = os.getpid()
-        self.client: Any
-        timeout = timedelta(seconds=store.timeout_s)
-        client_options: dict[str, Any] = {
-            "connect_timeout": timeout,
-            "read_timeout": timeout,
-            # the overall limit defaults to 30 s: a large object on a slow link must not hit it
-            "timeout": timedelta(days=1),
-        }
-        retry_config: Any = {"max_retries": 0}
-        parsed = urllib.parse.urlsplit(store.url)
-        options = dict(store.storage_options)
-        if store.scheme == "file":
-            os.makedirs(store._root, exist_ok=True)
-            self.client = obstore.store.LocalStore(store._root)
-        elif store.scheme in ("s3", "s3a"):
-            config: dict[str, Any] = {}
-            for key, value in options.items():
-                config[S3_OPTION_KEYS.get(key, key)] = value
-            endpoint = config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL") or ""
-            if str(endpoint).startswith("http://"):
-                client_options["allow_http"] = True
-            if "skip_signature" in config:
-                config["skip_signature"] = bool(config["skip_signature"])
-            self.client = obstore.store.S3Store(
-                parsed.netloc,
-                prefix=parsed.path.strip("/") or None,
-                config=config,  # type: ignore[arg-type]
-                client_options=client_options,  # type: ignore[arg-type]
-                retry_config=retry_config,
-            )
-        else:
-            from_url: Any = obstore.store.from_url
-            self.client = from_url(
-                store.url, client_options=client_options, retry_config=retry_config, **options
-            )
-
-    def read(self, name: str, start: int | None, end: int | None) -> bytes:
-        import obstore
-
-        self.counters.add(requests=1)
-        if start is None and end is None:
-            result = obstore.get(self.client, name)
-        else:
-            begin = start or 0
-            wanted: Any = {"offset": begin} if end is None else (begin, end)
-            try:
-                result = obstore.get(self.client, name, options={"range": wanted})
-            except Exception as exc:
-                if "416" in str(exc) or "range was invalid" in str(exc).lower():
-                    raise _RangeNotSatisfiable(str(exc)) from exc
-                raise
-        data = bytes(result.bytes())
-        self.counters.add(nbytes=len(data))
-        _check_range(self.store.url_of(name), len(data), start or 0, end, result.meta["size"])
-        return data
-
-    def download(self, name: str, out: BinaryIO, size: int | None) -> int:
-        import obstore
-
-        self.counters.add(requests=1)
-        result = obstore.get(self.client, name)
-        expected = result.meta["size"]
-        _check_size(self.store.url_of(name), expected, size)
-        written = 0
-        for chunk in result.stream(min_chunk_size=CHUNK_BYTES):
-            out.write(memoryview(chunk))
-            written += len(chunk)
-            self.counters.add(nbytes=len(chunk))
-        _check_range(self.store.url_of(name), written, 0, None, expected)
-        return written
-
-    def write(self, name: str, data: bytes) -> None:
-        import obstore
-
-        self.counters.add(requests=1)
-        obstore.put(self.client, name, data)
-
-    def size(self, name: str) -> int:
-        import obstore
-
-        self.counters.add(requests=1)
-        return int(obstore.head(self.client, name)["size"])
-
-    def list(self) -> list[str]:
-        import obstore
-
-        names: list[str] = []
-        for batch in obstore.list(self.client):
-            self.counters.add(requests=1)
-            names.extend(meta["path"] for meta in batch)
-        return names
-
-
-class _FsspecBackend(_Backend):
-    def __init__(self, store: Store) -> None:
-        super().__init__(store)
-        import fsspec  # type: ignore[import-untyped]
-
-        options = dict(store.storage_options)
-        if store.scheme in ("s3", "s3a"):
-            client_kwargs = dict(options.pop("client_kwargs", {}) or {})
-            for key in ("endpoint_url", "endpoint"):
-                if key in options:
-                    client_kwargs["endpoint_url"] = options.pop(key)
-            for key in ("region", "region_name"):
-                if key in options:
-                    client_kwargs["region_name"] = options.pop(key)
-            for ours, theirs in (
-                ("aws_access_key_id", "key"),
-                ("access_key_id", "key"),
-                ("aws_secret_access_key", "secret"),
-                ("secret_access_key", "secret"),
-                ("aws_session_token", "token"),
-                ("session_token", "token"),
-                ("skip_signature", "anon"),
-            ):
-                if ours in options:
-                    options[theirs] = options.pop(ours)
-            config = dict(options.pop("config_kwargs", {}) or {})
-            config.setdefault("connect_timeout", store.timeout_s)
-            config.setdefault("read_timeout", store.timeout_s)
-            config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
-            options["client_kwargs"] = client_kwargs
-            options["config_kwargs"] = config
-            options.setdefault("use_listings_cache", False)
-        self.fs: Any = fsspec.filesystem(store.scheme, skip_instance_cache=True, **options)
-        # s3fs retries on its own, and reads a whole object as a HEAD and then several
-        # ranges at once: one attempt is one request here, counted and retried by the Store
-        self.cat_options: dict[str, Any] = {}
-        if store.scheme in ("s3", "s3a"):
-            self.fs.retries = 1
-            self.cat_options["max_concurrency"] = 1
-        self.root = self.fs._strip_protocol(store.url).rstrip("/")
-
-    def _path(self, name: str) -> str:
-        return f"{self.root}/{name}"
-
-    def read(self, name: str, start: int | None, end: int | None) -> bytes:
-        self.counters.add(requests=1)
-        try:
-            data = self.fs.cat_file(self._path(name), start=start, end=end, **self.cat_options)
-        except OSError as exc:
-            text = str(exc).lower()
-            if start and ("416" in text or "range is not satisfiable" in text):
-                raise _RangeNotSatisfiable(str(exc)) from exc
-            raise
-        self.counters.add(nbytes=len(data))
-        if start is not None or end is not None:
-            wanted = (end if end is not None else 0) - (start or 0)
-            if end is None or len(data) != wanted:
-                # fewer bytes than asked for: the object's end, or a body cut short?
-                _check_range(self.store.url_of(name), len(data), start or 0, end, self.size(name))
-        return bytes(data)
-
-    def download(self, name: str, out: BinaryIO, size: int | None) -> int:
-        total = self.size(name)
-        _check_size(self.store.url_of(name), total, size)
-        path = self._path(name)
-        written = 0
-        while written < total:
-            end = min(total, written + CHUNK_BYTES)
-            self.counters.add(requests=1)
-            chunk = self.fs.cat_file(path, start=written, end=end, **self.cat_options)
-            self.counters.add(nbytes=len(chunk))
-            if len(chunk) != end - written:
-                raise _Transient(
-                    f"{self.store.url_of(name)}: body of {len(chunk)} bytes where "
-                    f"{end - written} were expected at offset {written}"
-                )
-            out.write(chunk)
-            written = end
-        return written
-
-    def write(self, name: str, data: bytes) -> None:
-        self.counters.add(requests=1)
-        path = self._path(name)
-        parent = path.rsplit("/", 1)[0]
-        if getattr(self.fs, "protocol", None) in ("file", ("file", "local")):
-            self.fs.makedirs(parent, exist_ok=True)
-        self.fs.pipe_file(path, data)
-
-    def size(self, name: str) -> int:
-        self.counters.add(requests=1)
-        if self.store.scheme in ("s3", "s3a"):
-            # one HEAD: s3fs's info() follows a 404 with a listing (is it a directory?)
-            bucket, key, _ = self.fs.split_path(self._path(name))
-            return int(self.fs.call_s3("head_object", Bucket=bucket, Key=key)["ContentLength"])
-        return int(self.fs.size(self._path(name)))
-
-    def list(self) -> list[str]:
-        self.counters.add(requests=1)
-        found = self.fs.find(self.root)
-        prefix = self.root + "/"
-        return [path[len(prefix) :] for path in found if path.startswith(prefix)]
