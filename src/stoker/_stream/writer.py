@@ -28,7 +28,6 @@ from .store import Store
 
 __all__ = ["TarShardWriter", "write_parquet", "write_shards"]
 
-DEFAULT_SHARD_BYTES = 256 << 20
 _ROW_GROUP_BYTES = 1 << 20  # a row group a random read decodes whole: small, for random access
 _UPLOADS_IN_FLIGHT = 2
 
@@ -373,7 +372,7 @@ def write_shards(
     url: str,
     *,
     format: str = "tar",
-    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    shard_bytes: int = 268435456,
     fields: Sequence[str] | None = None,
     workers: int | None = None,
     encode: str | Encoder | None = "auto",
@@ -391,7 +390,7 @@ def write_shards(
         url: The prefix to write under ("s3://bucket/data", "file:///path", a local path).
         format: "tar" (WebDataset layout) or "parquet". Defaults to "tar".
         shard_bytes: A shard is closed once it holds this many bytes (Parquet: of values,
-            before compression). Defaults to 256 MiB.
+            before compression). 256 MiB by default. Defaults to 268435456.
         fields: The field names of tuple/list samples, in order. Defaults to None.
         workers: Processes writing a map-style source; None is min(cores, 8); 1 writes in
             this process. Defaults to None.
