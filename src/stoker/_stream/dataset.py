@@ -16,11 +16,13 @@ downloads ahead: each shard is fetched when a sample of it is first read.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import hashlib
 import os
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
@@ -77,6 +79,11 @@ class ShardedDataset(Dataset[Any]):
             Defaults to 4.
         timeout_s: How long a read waits for room in the cache, or for another process's
             download of the shard it needs, before it raises. Defaults to 600.0.
+        store_retries: How many times the store retries a request that failed transiently
+            (5xx, SlowDown, a reset, a timeout) before it raises `StoreError` (int >= 0).
+            Defaults to 6.
+        store_timeout_s: A request to the store that has sent nothing for this long is
+            abandoned and retried (seconds > 0). Defaults to 30.0.
 
     Raises:
         MissingObjectError: when the prefix has no index (the message says how to build it).
@@ -95,6 +102,8 @@ class ShardedDataset(Dataset[Any]):
         prefetch_shards: int = DEFAULT_PREFETCH_SHARDS,
         download_threads: int = 4,
         timeout_s: float = 600.0,
+        store_retries: int = 6,
+        store_timeout_s: float = 30.0,
     ) -> None:
         if not (decode is None or decode == "auto" or callable(decode)):
             raise ValueError(f"decode should be 'auto', None or a callable, but got decode={decode!r}")
@@ -104,9 +113,12 @@ class ShardedDataset(Dataset[Any]):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"{name} should be an int >= {least}, but got {name}={value!r}")
         self.url = url
-        self.store = Store(url, storage_options=storage_options, client=client)
+        self.store = Store(
+            url, storage_options=storage_options, client=client, retries=store_retries, timeout_s=store_timeout_s
+        )
         self.index = Index.load(self.store)
         self.shard_starts = np.asarray(self.index.starts, dtype=np.int64)
+        self._starts: list[int] = self.shard_starts.tolist()
         self._sizes = [int(s.size) for s in self.index.shards]
         self.decode = decode
         self.transform = transform
@@ -117,7 +129,12 @@ class ShardedDataset(Dataset[Any]):
         digest = hashlib.sha256(repr((self.store.url, [(s.name, s.sha256) for s in self.index.shards])).encode())
         folder = os.path.join(folder, digest.hexdigest()[:16])
         if cache_bytes is None:
-            os.makedirs(folder, exist_ok=True)
+            try:
+                os.makedirs(folder, exist_ok=True)
+            except OSError as exc:  # said as the cache says it when given cache_bytes
+                raise type(exc)(
+                    exc.errno, f"cannot make the shard cache folder {folder} ({exc.strerror}): pass a cache_dir that can be created"
+                ) from exc
             stat = os.statvfs(folder)
             cache_bytes = max(1, min(sum(self._sizes), stat.f_bavail * stat.f_frsize // 2))
         if not isinstance(cache_bytes, int) or isinstance(cache_bytes, bool) or cache_bytes <= 0:
@@ -132,6 +149,7 @@ class ShardedDataset(Dataset[Any]):
         self.cache = ShardCache(folder, cache_bytes, timeout_s=timeout_s)
         self._planner: _Planner | None = None
         self._planner_pid = -1
+        self._open_shards: _OpenShards | None = None
 
     def __len__(self) -> int:
         return len(self.index)
@@ -143,7 +161,8 @@ class ShardedDataset(Dataset[Any]):
             index += n
         if not 0 <= index < n:
             raise IndexError(f"index {i} is out of range for a ShardedDataset of {n} samples")
-        number, k = self.index.locate(index)
+        number = bisect.bisect_right(self._starts, index) - 1
+        k = index - self._starts[number]
         try:
             sample = self._read(number, k)
         except OSError as exc:
@@ -158,19 +177,34 @@ class ShardedDataset(Dataset[Any]):
 
     def _read(self, number: int, k: int) -> dict[str, Any]:
         shard = self.index.shards[number]
-        for _ in range(8):  # an eviction between finding the shard and opening it: fetch again
-            path = self._fetch(number)
-            try:
-                with self.cache.reading(shard.name) as f:
-                    if self.index.format == "parquet":
+        if self.index.format == "parquet":
+            for _ in range(8):  # evicted between finding the shard and opening it: fetch again
+                path = self._fetch(number)
+                try:
+                    with self.cache.reading(shard.name):
                         group, row = shard.row_of(k)
                         return read_parquet_row(path, group, row)
-                    start, end = shard.byte_range(k)
-                    f.seek(start)
-                    return read_tar_sample(f.read(end - start), shard=self.store.url_of(shard.name), sample=k)
-            except FileNotFoundError:
-                continue
+                except FileNotFoundError:
+                    continue
+        else:
+            start, end = shard.byte_range(k)
+            opened = self._opened()
+            for _ in range(8):
+                fd = opened.fd(number, self)
+                if fd is None:
+                    continue
+                data = os.pread(fd, end - start, start)
+                if len(data) == end - start:
+                    opened.touch(number, fd)
+                    return read_tar_sample(data, shard=self.store.url_of(shard.name), sample=k)
+                opened.forget(number)  # evicted under the read: the cache empties a shard first
         raise OSError(f"shard {shard.name} was evicted from the cache each time it was fetched: raise cache_bytes")
+
+    def _opened(self) -> _OpenShards:
+        opened = self._open_shards
+        if opened is None or opened.pid != os.getpid():
+            opened = self._open_shards = _OpenShards()
+        return opened
 
     def _fetch(self, number: int) -> str:
         shard = self.index.shards[number]
@@ -200,19 +234,83 @@ class ShardedDataset(Dataset[Any]):
         return self._planner.drawn(indices, behind)
 
     def close(self) -> None:
-        """Stop the downloads ahead (the cache's files stay)."""
+        """Stop the downloads ahead and close the shards this process has open (the cache's
+        files stay)."""
         if self._planner is not None and self._planner_pid == os.getpid():
             self._planner.close()
         self._planner = None
+        if self._open_shards is not None:
+            self._open_shards.close()
+        self._open_shards = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_planner"] = None  # each process plans for itself; a worker never does
         state["_planner_pid"] = -1
+        state["_open_shards"] = None
         return state
 
     def __repr__(self) -> str:
         return f"ShardedDataset({self.url!r}, {len(self.index)} samples in {len(self.index.shards)} shards)"
+
+
+class _OpenShards:
+    """The shard files one process has open, most recently read last.
+
+    Reads are `pread`s on a descriptor kept open, without a lock: the cache empties a shard's
+    file before it unlinks it, so a read of an evicted shard comes back short, and the shard
+    is then fetched again. Reading touches the shard for the cache's LRU, at most every
+    `TOUCH_S` seconds."""
+
+    MOST = 32
+    TOUCH_S = 0.5
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.open: collections.OrderedDict[int, list[Any]] = collections.OrderedDict()  # number -> [fd, touched]
+
+    def fd(self, number: int, dataset: ShardedDataset) -> int | None:
+        held = self.open.get(number)
+        if held is not None:
+            self.open.move_to_end(number)
+            return int(held[0])
+        path = dataset._fetch(number)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # evicted since the fetch
+            return None
+        self.open[number] = [fd, time.monotonic()]
+        while len(self.open) > self.MOST:
+            _, (old, _) = self.open.popitem(last=False)
+            os.close(old)
+        return fd
+
+    def touch(self, number: int, fd: int) -> None:
+        held = self.open[number]
+        now = time.monotonic()
+        if now - held[1] >= self.TOUCH_S:
+            held[1] = now
+            try:
+                os.utime(fd)
+            except OSError:
+                pass
+
+    def forget(self, number: int) -> None:
+        held = self.open.pop(number, None)
+        if held is not None:
+            os.close(held[0])
+
+    def close(self) -> None:
+        if self.pid == os.getpid():
+            while self.open:
+                os.close(self.open.popitem()[1][0])
+        self.open.clear()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
 
 
 def _naming(exc: OSError, where: str) -> OSError:
@@ -246,7 +344,8 @@ class _Planner:
 
     def drawn(self, indices: list[int], behind: int) -> bool:
         dataset = self.dataset
-        numbers = tuple(dict.fromkeys(dataset.index.locate(int(i))[0] for i in indices))
+        found = np.searchsorted(dataset.shard_starts, np.asarray(indices, dtype=np.int64), side="right") - 1
+        numbers = tuple(dict.fromkeys(found.tolist()))
         with self.lock:
             self.batches.append(numbers)
             for s in numbers:
