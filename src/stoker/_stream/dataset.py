@@ -19,6 +19,7 @@ from __future__ import annotations
 import bisect
 import collections
 import hashlib
+import itertools
 import os
 import tempfile
 import threading
@@ -26,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -38,6 +39,8 @@ from .store import Store
 
 # how many upcoming shards the downloads may run ahead of the batches being read, by default
 DEFAULT_PREFETCH_SHARDS = 4
+# a remote shard larger than two of these is downloaded as ranges of this size, in parallel
+PART_BYTES = 8 << 20
 
 
 class ShardedDataset(Dataset[Any]):
@@ -208,7 +211,12 @@ class ShardedDataset(Dataset[Any]):
 
     def _fetch(self, number: int) -> str:
         shard = self.index.shards[number]
-        return self.cache.get(shard.name, int(shard.size), shard.sha256, partial(self.store.download, shard.name))
+        size = int(shard.size)
+        if self.store.scheme == "file" or size <= 2 * PART_BYTES:
+            fetch: Callable[[BinaryIO], int] = partial(self.store.download, shard.name, size=size)
+        else:
+            fetch = partial(_download_parts, self.store, shard.name, size, self.download_threads)
+        return self.cache.get(shard.name, size, shard.sha256, fetch)
 
     # ------------------------------------------------------------------ the plan protocol
     def stoker_upcoming(self, indices: list[int], behind: int) -> bool:
@@ -252,6 +260,31 @@ class ShardedDataset(Dataset[Any]):
 
     def __repr__(self) -> str:
         return f"ShardedDataset({self.url!r}, {len(self.index)} samples in {len(self.index.shards)} shards)"
+
+
+def _download_parts(store: Store, name: str, size: int, parallel: int, out: BinaryIO) -> int:
+    """Download object `name` into `out` as ranges of PART_BYTES, `parallel` requests in
+    flight, written in order: an object store serves each connection at a bounded rate, so one
+    shard arrives several times faster over several connections. At most `parallel` + 1 parts
+    are held in memory."""
+    starts = range(0, size, PART_BYTES)
+    with ThreadPoolExecutor(parallel, thread_name_prefix="stoker-parts") as pool:
+        pending: collections.deque[Future[bytes]] = collections.deque()
+        parts = iter(starts)
+        for start in itertools.islice(parts, parallel):
+            pending.append(pool.submit(store.read, name, start, min(size, start + PART_BYTES)))
+        written = 0
+        try:
+            while pending:
+                data = pending.popleft().result()
+                out.write(data)
+                written += len(data)
+                for start in itertools.islice(parts, 1):
+                    pending.append(pool.submit(store.read, name, start, min(size, start + PART_BYTES)))
+        finally:
+            for job in pending:
+                job.cancel()
+    return written
 
 
 class _OpenShards:
