@@ -129,6 +129,30 @@ labels = [i % 1000 for i in range(100_000)]
 def load(path):
     return len(path)
 """,
+    # shards.md: a real S3 server on loopback (moto, as the shard tests start it) with a bucket
+    # "my-bucket", the environment pointed at it, and small stand-ins for the page's names
+    "s3": """
+import os
+
+import torch
+from stoker_bench.s3server import S3Server, client_env
+
+_server = S3Server().start()
+_server.make_bucket("my-bucket")
+os.environ.update(client_env(_server.endpoint))
+n, epochs = 96, 2
+model = torch.nn.Linear(4, 1)
+path = "checkpoint.pt"
+
+def jpeg_bytes(i):
+    return bytes([i % 256]) * 1000
+
+def label(i):
+    return i % 10
+
+def decode(sample):
+    return {"x": len(sample["jpg"]), "y": sample["cls"]}
+""",
     # a stream of records for an IterableDataset to read
     "records": """
 import stoker

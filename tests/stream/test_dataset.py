@@ -274,17 +274,7 @@ def break_shard(kind: str, s3_server: S3Server, proxy: FaultProxy, url: str, ind
         ("denied", 2, PermissionError),
         ("corrupt", 2, CorruptShardError),
         ("truncated", 0, OSError),
-        pytest.param(
-            "truncated",
-            2,
-            OSError,
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=RuntimeError,
-                reason="store.py: a StoreError does not unpickle (its __init__ takes url and "
-                "reason), so a worker's comes back as a WorkerError, not an OSError",
-            ),
-        ),
+        ("truncated", 2, OSError),
     ],
 )
 def test_an_unreadable_shard_raises_at_the_batch_that_needs_it(

@@ -50,6 +50,10 @@ class StoreError(OSError):
         self.url = url
         self.reason = reason
 
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        # rebuilt from (url, reason), so that a worker's error crosses to the main process
+        return type(self), (self.url, self.reason)
+
 
 class MissingObjectError(FileNotFoundError):
     """The object is not in the store; the message names its URL.
@@ -62,6 +66,11 @@ class MissingObjectError(FileNotFoundError):
     def __init__(self, url: str, reason: str = "no such object") -> None:
         super().__init__(f"{url}: {reason}")
         self.url = url
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        # rebuilt from (url, reason), so that a worker's error crosses to the main process
+        return type(self), (self.url, self.reason)
 
 
 class AccessDeniedError(PermissionError):
@@ -75,6 +84,11 @@ class AccessDeniedError(PermissionError):
     def __init__(self, url: str, reason: str = "access denied") -> None:
         super().__init__(f"{url}: {reason}")
         self.url = url
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        # rebuilt from (url, reason), so that a worker's error crosses to the main process
+        return type(self), (self.url, self.reason)
 
 
 class Transient(Exception):

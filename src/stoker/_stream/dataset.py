@@ -35,7 +35,7 @@ from .._data.datasets import Dataset
 from .cache import ShardCache
 from .formats import decode_auto, read_parquet_row, read_tar_sample
 from .index import Index
-from .store import Store
+from .store import AccessDeniedError, MissingObjectError, Store, StoreError
 
 # how many upcoming shards the downloads may run ahead of the batches being read, by default
 DEFAULT_PREFETCH_SHARDS = 4
@@ -348,10 +348,13 @@ class _OpenShards:
 
 def _naming(exc: OSError, where: str) -> OSError:
     """`exc` again, of its own type, its message followed by which sample needed it."""
+    note = f" (needed by {where})"
+    if isinstance(exc, (StoreError, MissingObjectError, AccessDeniedError)):
+        return type(exc)(exc.url, exc.reason + note)
     try:
         named = type(exc).__new__(type(exc))
         named.__dict__.update(exc.__dict__)
-        named.args = (f"{exc} (needed by {where})",)
+        named.args = (f"{exc}{note}",)
     except Exception:
         return exc
     return named
