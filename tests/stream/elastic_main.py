@@ -92,14 +92,13 @@ def world(mode: str, ranks: int, out: Path, env: dict[str, str]) -> list[int]:
 
 
 def folder_bytes(folder: Path) -> int:
-    total = 0
-    for root, _, files in os.walk(folder):
-        for name in files:
-            try:
-                total += os.stat(os.path.join(root, name)).st_size
-            except FileNotFoundError:
-                pass
-    return total
+    """What the cache folders under `folder` hold, each counted under its cache's lock (a
+    plain walk can count a shard twice while it is renamed from downloads into place)."""
+    from stoker._stream.cache import measure_usage
+
+    if not folder.is_dir():
+        return 0
+    return sum(measure_usage(str(sub), locked=True) for sub in folder.iterdir() if sub.is_dir())
 
 
 def scenario(out: Path) -> None:
