@@ -39,8 +39,6 @@ from .store import AccessDeniedError, MissingObjectError, Store, StoreError
 
 # how many upcoming shards the downloads may run ahead of the batches being read, by default
 DEFAULT_PREFETCH_SHARDS = 4
-# a remote shard larger than two of these is downloaded as ranges of this size, in parallel
-PART_BYTES = 8 << 20
 
 
 class ShardedDataset(Dataset[Any]):
@@ -87,6 +85,10 @@ class ShardedDataset(Dataset[Any]):
             Defaults to 6.
         store_timeout_s: A request to the store that has sent nothing for this long is
             abandoned and retried (seconds > 0). Defaults to 30.0.
+        part_bytes: A remote shard larger than two parts is downloaded as ranges of this
+            many bytes, `download_threads` at a time (an object store serves each
+            connection at a bounded rate); None downloads each shard in one request.
+            16 MiB by default. Defaults to 16777216.
 
     Raises:
         MissingObjectError: when the prefix has no index (the message says how to build it).
@@ -107,6 +109,7 @@ class ShardedDataset(Dataset[Any]):
         timeout_s: float = 600.0,
         store_retries: int = 6,
         store_timeout_s: float = 30.0,
+        part_bytes: int | None = 16777216,
     ) -> None:
         if not (decode is None or decode == "auto" or callable(decode)):
             raise ValueError(f"decode should be 'auto', None or a callable, but got decode={decode!r}")
@@ -126,6 +129,9 @@ class ShardedDataset(Dataset[Any]):
         self.decode = decode
         self.transform = transform
         self.prefetch_shards = prefetch_shards
+        if part_bytes is not None and (not isinstance(part_bytes, int) or isinstance(part_bytes, bool) or part_bytes < 1):
+            raise ValueError(f"part_bytes should be a positive int or None, but got part_bytes={part_bytes!r}")
+        self.part_bytes = part_bytes
         self.download_threads = download_threads
         folder = cache_dir if cache_dir is not None else os.path.join(tempfile.gettempdir(), "stoker-shards")
         # one sub-folder per (prefix, contents): a rewritten prefix never reads an old shard
@@ -212,10 +218,11 @@ class ShardedDataset(Dataset[Any]):
     def _fetch(self, number: int) -> str:
         shard = self.index.shards[number]
         size = int(shard.size)
-        if self.store.scheme == "file" or size <= 2 * PART_BYTES:
+        part = self.part_bytes
+        if self.store.scheme == "file" or part is None or size <= 2 * part:
             fetch: Callable[[BinaryIO], int] = partial(self.store.download, shard.name, size=size)
         else:
-            fetch = partial(_download_parts, self.store, shard.name, size, self.download_threads)
+            fetch = partial(_download_parts, self.store, shard.name, size, part, self.download_threads)
         return self.cache.get(shard.name, size, shard.sha256, fetch)
 
     # ------------------------------------------------------------------ the plan protocol
@@ -262,17 +269,17 @@ class ShardedDataset(Dataset[Any]):
         return f"ShardedDataset({self.url!r}, {len(self.index)} samples in {len(self.index.shards)} shards)"
 
 
-def _download_parts(store: Store, name: str, size: int, parallel: int, out: BinaryIO) -> int:
-    """Download object `name` into `out` as ranges of PART_BYTES, `parallel` requests in
+def _download_parts(store: Store, name: str, size: int, part: int, parallel: int, out: BinaryIO) -> int:
+    """Download object `name` into `out` as ranges of `part` bytes, `parallel` requests in
     flight, written in order: an object store serves each connection at a bounded rate, so one
     shard arrives several times faster over several connections. At most `parallel` + 1 parts
     are held in memory."""
-    starts = range(0, size, PART_BYTES)
+    starts = range(0, size, part)
     with ThreadPoolExecutor(parallel, thread_name_prefix="stoker-parts") as pool:
         pending: collections.deque[Future[bytes]] = collections.deque()
         parts = iter(starts)
         for start in itertools.islice(parts, parallel):
-            pending.append(pool.submit(store.read, name, start, min(size, start + PART_BYTES)))
+            pending.append(pool.submit(store.read, name, start, min(size, start + part)))
         written = 0
         try:
             while pending:
@@ -280,7 +287,7 @@ def _download_parts(store: Store, name: str, size: int, parallel: int, out: Bina
                 out.write(data)
                 written += len(data)
                 for start in itertools.islice(parts, 1):
-                    pending.append(pool.submit(store.read, name, start, min(size, start + PART_BYTES)))
+                    pending.append(pool.submit(store.read, name, start, min(size, start + part)))
         finally:
             for job in pending:
                 job.cancel()
