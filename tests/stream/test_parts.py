@@ -45,3 +45,39 @@ def test_part_bytes_is_checked(s3_url: str) -> None:
     write_shards(samples()[:4], s3_url, workers=1)
     with pytest.raises(ValueError, match="part_bytes"):
         ShardedDataset(s3_url, part_bytes=0)
+
+
+CHILD = """
+import os, sys, time
+from stoker import DataLoader
+from stoker.shards import ShardedDataset, ShardedSampler
+data = ShardedDataset(sys.argv[1], cache_dir=sys.argv[2], storage_options={"endpoint_url": sys.argv[3]},
+                      prefetch_shards=8)
+loader = DataLoader(data, batch_size=4, sampler=ShardedSampler(data, num_replicas=1, rank=0, shuffle=False))
+next(iter(loader))
+print("first", flush=True)
+"""
+
+
+def test_downloads_ahead_do_not_hold_up_the_exit(s3_url: str, fault_proxy: Any, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import time
+
+    many = [dict(s, __key__=f"{k}-{s['__key__']}") for k in range(4) for s in samples()]
+    write_shards(many, s3_url, shard_bytes=400_000, workers=1)  # ~20 shards of 400 KB
+    proxy = fault_proxy(bandwidth=100_000)  # 4 s a shard: the downloads ahead take 8 s or more
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, s3_url, str(tmp_path / "cache"), proxy.endpoint],
+        stdout=subprocess.PIPE, text=True, env=dict(os.environ),
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "first"
+        said = time.monotonic()
+        child.wait(timeout=60)
+        # the main thread ended after the first batch: the downloads under way and queued
+        # (two rounds of 4 s on the 4 download threads) are abandoned, not waited for
+        assert time.monotonic() - said < 3
+    finally:
+        child.kill()

@@ -21,11 +21,12 @@ import collections
 import hashlib
 import itertools
 import os
+import queue
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from functools import partial
 from typing import Any, BinaryIO
 
@@ -275,7 +276,8 @@ def _download_parts(store: Store, name: str, size: int, part: int, parallel: int
     shard arrives several times faster over several connections. At most `parallel` + 1 parts
     are held in memory."""
     starts = range(0, size, part)
-    with ThreadPoolExecutor(parallel, thread_name_prefix="stoker-parts") as pool:
+    pool = _DaemonPool(parallel, "stoker-parts")
+    try:
         pending: collections.deque[Future[bytes]] = collections.deque()
         parts = iter(starts)
         for start in itertools.islice(parts, parallel):
@@ -291,7 +293,52 @@ def _download_parts(store: Store, name: str, size: int, part: int, parallel: int
         finally:
             for job in pending:
                 job.cancel()
+    finally:
+        pool.shutdown()
     return written
+
+
+class _DaemonPool:
+    """A few daemon threads running submitted calls, in order. Unlike ThreadPoolExecutor's,
+    they do not hold up the interpreter's exit: a download under way when the program ends is
+    abandoned, and the cache removes its temporary file later (its lock went with the
+    process)."""
+
+    def __init__(self, threads: int, name: str) -> None:
+        self.queue: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = queue.SimpleQueue()
+        self.threads = [threading.Thread(target=self._run, name=f"{name}-{n}", daemon=True) for n in range(threads)]
+        for thread in self.threads:
+            thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        job: Future[Any] = Future()
+        self.queue.put((job, fn, args))
+        return job
+
+    def _run(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            job, fn, args = item
+            if not job.set_running_or_notify_cancel():
+                continue
+            try:
+                job.set_result(fn(*args))
+            except BaseException as exc:
+                job.set_exception(exc)
+
+    def shutdown(self) -> None:
+        """Cancel what has not started; the threads end after what they are running."""
+        while True:
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        for _ in self.threads:
+            self.queue.put(None)
 
 
 class _OpenShards:
@@ -378,7 +425,7 @@ class _Planner:
 
     def __init__(self, dataset: ShardedDataset, threads: int) -> None:
         self.dataset = dataset
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="stoker-shards")
+        self.pool = _DaemonPool(threads, "stoker-shards")
         self.lock = threading.Lock()
         self.batches: collections.deque[tuple[int, ...]] = collections.deque()  # drawn, maybe unread
         self.uses: collections.Counter[int] = collections.Counter()  # shard -> batches needing it
@@ -418,4 +465,4 @@ class _Planner:
             self.batches.clear()
             self.uses.clear()
             self.jobs.clear()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown()
