@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A virtual environment for MosaicML Streaming, apart from the project's .venv: streaming pins
 # numpy<2.2 and transformers<5 and imports torchvision, none of which fits .venv.
-# benchmarks/streaming.py runs its rows with this environment's python in a subprocess.
+# benchmarks/shards_bench.py runs its rows with this environment's python in a subprocess.
 #
 #   bash benchmarks/envs/mosaic.sh [DIR]     (DIR defaults to $STOKER_MOSAIC_VENV or
 #                                             /tmp/stoker-mosaic-venv; prints its python)

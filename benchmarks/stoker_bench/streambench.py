@@ -29,7 +29,7 @@ reaped children, plus psutil's figures for live ones), bytes the proxy sent over
 stored, the largest size of the library's cache folder (sampled by a thread), the time from
 building the dataset to the first batch, and the requests the proxy answered.
 
-`python benchmarks/streaming.py --help` lists the options; the JSON goes to
+`python benchmarks/shards_bench.py --help` lists the options; the JSON goes to
 build/streaming.json.
 """
 
@@ -77,8 +77,8 @@ MOSAIC_VENV = os.path.join(tempfile.gettempdir(), "stoker-mosaic-venv")
 MARKER = "@@streambench:epoch-done"
 # how a subprocess (a row, mosaic's writer) starts: by the module's importable name, so that
 # what its workers unpickle names `stoker_bench.streambench`, not `__main__`
-# (the folder is appended to sys.path, not put on PYTHONPATH: it holds streaming.py, which would
-# hide MosaicML's `streaming` package)
+# (the folder is appended to sys.path, not put on PYTHONPATH, so that nothing in it can hide a
+# library's own package)
 _ENTRY = (
     "import os, sys; sys.path.append(os.environ['STREAMBENCH_HOME']); "
     "from stoker_bench.streambench import main; sys.exit(main(sys.argv[1:]))"
@@ -349,8 +349,7 @@ def write_mosaic(items: Sequence[tuple[str, int]], out: str, shard_bytes: int) -
 def _import_streaming() -> Any:
     """Import MosaicML's `streaming` without `streaming.vision`: that subpackage imports
     torchvision (whose wheels for this torch are CUDA builds that fail to load beside the CPU
-    build), and neither `MDSWriter` nor `StreamingDataset` uses it. By name, since this
-    folder's streaming.py would shadow it for a static import."""
+    build), and neither `MDSWriter` nor `StreamingDataset` uses it."""
     import importlib
     import types
 
@@ -1158,7 +1157,7 @@ def _write_main(spec: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python benchmarks/streaming.py [options]`: run the benchmark, print the table, write
+    """`python benchmarks/shards_bench.py [options]`: run the benchmark, print the table, write
     the JSON.
 
     Args:
@@ -1174,7 +1173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _write_main(args_list[1])
     from . import HOME
 
-    parser = argparse.ArgumentParser(prog="benchmarks/streaming.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="benchmarks/shards_bench.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=int, default=SAMPLES, help=f"samples (default {SAMPLES})")
     parser.add_argument("--libraries", default=",".join(LIBRARIES), help="comma-separated (default all)")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: io, decode (default both)")
@@ -1198,7 +1197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         row_timeout_s=args.row_timeout_s,
         mosaic=args.mosaic_python,
         mosaic_setup=not args.no_mosaic_setup,
-        command=" ".join(["python", *sys.argv]) if argv is None else " ".join(["streaming.py", *args_list]),
+        command=" ".join(["python", *sys.argv]) if argv is None else " ".join(["shards_bench.py", *args_list]),
         progress=lambda text: print(text, flush=True),
     )
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)

@@ -1,4 +1,4 @@
-"""`python benchmarks/streaming.py [options]`: the streaming benchmark (issue 33), run from a
+"""`python benchmarks/shards_bench.py [options]`: the streaming benchmark (issue 33), run from a
 clone: the same JPEG samples read from a local S3 server by stoker, litdata, MosaicML
 Streaming, WebDataset and Hugging Face `datasets`. `--help` lists the options; see
 `stoker_bench/streambench.py`."""
