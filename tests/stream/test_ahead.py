@@ -5,6 +5,7 @@ dataset without the protocol is read exactly as before."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,9 @@ def test_shards_of_batches_drawn_ahead_are_downloaded_before_they_are_read(shard
     assert not os.path.exists(data.cache.path_of(data.index.shards[8].name))
     rest = [int(x) for batch in it for x in batch["cls"]]
     assert rest == list(range(10, N))
+    # the download threads exist only while there is work: none is left to be forked into a
+    # process the user starts next (the epoch's downloads were all needed, so they are done)
+    assert wait_for(lambda: not [t for t in threading.enumerate() if t.name.startswith("stoker-shards")], 5.0)
     data.close()
 
 

@@ -21,7 +21,6 @@ import collections
 import hashlib
 import itertools
 import os
-import queue
 import tempfile
 import threading
 import time
@@ -299,28 +298,42 @@ def _download_parts(store: Store, name: str, size: int, part: int, parallel: int
 
 
 class _DaemonPool:
-    """A few daemon threads running submitted calls, in order. Unlike ThreadPoolExecutor's,
-    they do not hold up the interpreter's exit: a download under way when the program ends is
-    abandoned, and the cache removes its temporary file later (its lock went with the
-    process)."""
+    """Up to `threads` daemon threads running submitted calls, in order, that exist only while
+    there is work: a thread ends when it finds the queue empty, and `submit` starts one when
+    fewer than `threads` run. So no idle download thread outlives an epoch's last download
+    (and is there when the user's process forks), and none holds up the interpreter's exit, as
+    ThreadPoolExecutor's do: a download under way when the program ends is abandoned, and the
+    cache removes its temporary file later (its lock went with the process)."""
 
     def __init__(self, threads: int, name: str) -> None:
-        self.queue: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = queue.SimpleQueue()
-        self.threads = [threading.Thread(target=self._run, name=f"{name}-{n}", daemon=True) for n in range(threads)]
-        for thread in self.threads:
-            thread.start()
+        self.most = threads
+        self.name = name
+        self.queue: collections.deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = collections.deque()
+        self.lock = threading.Lock()
+        self.live = 0
+        self.started = 0
+        self.closed = False
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         job: Future[Any] = Future()
-        self.queue.put((job, fn, args))
+        with self.lock:
+            if self.closed:
+                job.cancel()
+                return job
+            self.queue.append((job, fn, args))
+            if self.live < self.most:
+                self.live += 1
+                self.started += 1
+                threading.Thread(target=self._run, name=f"{self.name}-{self.started}", daemon=True).start()
         return job
 
     def _run(self) -> None:
         while True:
-            item = self.queue.get()
-            if item is None:
-                return
-            job, fn, args = item
+            with self.lock:
+                if not self.queue:
+                    self.live -= 1
+                    return
+                job, fn, args = self.queue.popleft()
             if not job.set_running_or_notify_cancel():
                 continue
             try:
@@ -330,15 +343,11 @@ class _DaemonPool:
 
     def shutdown(self) -> None:
         """Cancel what has not started; the threads end after what they are running."""
-        while True:
-            try:
-                item = self.queue.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                item[0].cancel()
-        for _ in self.threads:
-            self.queue.put(None)
+        with self.lock:
+            self.closed = True
+            waiting, self.queue = self.queue, collections.deque()
+        for job, _, _ in waiting:
+            job.cancel()
 
 
 class _OpenShards:
