@@ -1,0 +1,299 @@
+"""Sequence packing as a pure function of the input sequence and the window size K.
+
+Documents are 1-D integer arrays of token ids; rows hold `seq_len` tokens. The input
+sequence is cut into fixed windows of K documents (window w holds documents
+[w*K, (w+1)*K); the last window may hold fewer) and each window is packed on its own, so
+a packed row is addressed by (window, row) and any window can be rebuilt from its K
+documents alone, on any worker, in any order.
+
+Planning (`plan_window`) sees only the documents' lengths and returns rows, each a list
+of pieces ``(doc_index_in_window, start, end)``:
+
+* ``"greedy"`` is first-fit in document order: each piece goes to the first (lowest
+  index) row with room, else a new row. The first row with room is found in
+  O(log rows) with a max-tree over the rows' remaining room.
+* ``"best_fit"`` is best-fit decreasing: pieces longest first (ties: document order,
+  then piece order), each into the row with the least room left that still fits it
+  (ties: the lowest row index), else a new row. The fitting row is found by bisecting a
+  sorted list of the open rows' remaining room.
+
+Within a row, pieces are listed in document order (then piece order), whatever order
+they were placed in. Rows are numbered in the order they were opened.
+
+Documents longer than `seq_len`: with ``long="split"`` they are cut into `seq_len`-sized
+pieces from the start (each a full row of its own) and the last, shorter piece is packed
+like a document; no other document is ever split. A document's pieces are not
+necessarily in increasing row order; their (start, end) say where they belong. With
+``long="drop"`` such documents are left out. Empty documents produce no pieces.
+
+`build_row` turns one row's plan into the arrays training code consumes; see its
+docstring for the conventions (cu_seqlens leaves the padding tail out).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+Piece = tuple[int, int, int]
+Row = list[Piece]
+Method = Literal["greedy", "best_fit"]
+Long = Literal["split", "drop"]
+
+METHODS = ("greedy", "best_fit")
+LONG = ("split", "drop")
+IGNORE_INDEX = -100
+
+
+def check_seq_len(seq_len: int) -> int:
+    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)):
+        raise TypeError(f"seq_len must be an int, got {type(seq_len).__name__}")
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    return int(seq_len)
+
+
+def check_window_size(window_size: int) -> int:
+    if isinstance(window_size, bool) or not isinstance(window_size, (int, np.integer)):
+        raise TypeError(f"window_size (K) must be an int, got {type(window_size).__name__}")
+    if window_size < 1:
+        raise ValueError(f"window_size (K) must be >= 1, got {window_size}")
+    return int(window_size)
+
+
+def check_options(method: str, long: str) -> None:
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if long not in LONG:
+        raise ValueError(f"long must be one of {LONG}, got {long!r}")
+
+
+def check_doc(doc: Any, index: int) -> np.ndarray:
+    """`doc` as a 1-D integer array; errors name the document's index."""
+    if not isinstance(doc, np.ndarray):
+        raise TypeError(f"document {index} must be a numpy array, got {type(doc).__name__}")
+    if doc.ndim != 1:
+        raise ValueError(f"document {index} must be 1-D, got shape {doc.shape}")
+    if doc.dtype.kind not in "iu":
+        raise TypeError(f"document {index} must have an integer dtype, got {doc.dtype}")
+    return doc
+
+
+def doc_lengths(docs: Sequence[Any]) -> np.ndarray:
+    """The lengths of `docs` (int64), after checking each is a 1-D integer array."""
+    return np.fromiter(
+        (len(check_doc(doc, i)) for i, doc in enumerate(docs)), dtype=np.int64, count=len(docs)
+    )
+
+
+def _check_lengths(lengths: Any) -> np.ndarray:
+    arr = np.asarray(lengths)
+    if arr.ndim != 1:
+        raise ValueError(f"lengths must be 1-D, got shape {arr.shape}")
+    if arr.size and arr.dtype.kind not in "iu":
+        raise TypeError(f"lengths must be integers, got {arr.dtype}")
+    arr = arr.astype(np.int64, copy=False)
+    if arr.size and int(arr.min()) < 0:
+        raise ValueError(f"lengths must be >= 0; length {int(np.argmin(arr))} is {int(arr.min())}")
+    return arr
+
+
+def _pieces(lengths: np.ndarray, seq_len: int, long: str) -> list[Piece]:
+    """The pieces to pack, in document order then piece order."""
+    out: list[Piece] = []
+    for i, n in enumerate(lengths.tolist()):
+        if n == 0:
+            continue
+        if n <= seq_len:
+            out.append((i, 0, n))
+        elif long == "split":
+            out.extend((i, s, min(s + seq_len, n)) for s in range(0, n, seq_len))
+    return out
+
+
+def _first_fit(sizes: list[int], seq_len: int) -> list[int]:
+    """Row index of each item under first-fit in the given order."""
+    size = 1
+    while size < max(len(sizes), 1):
+        size *= 2
+    # max-tree over remaining room; rows not opened yet have the full seq_len, so the
+    # leftmost leaf with room is either the first open row that fits or the next new row
+    tree = [seq_len] * (2 * size)
+    out = []
+    for n in sizes:
+        i = 1
+        while i < size:
+            i *= 2
+            if tree[i] < n:
+                i += 1
+        out.append(i - size)
+        tree[i] -= n
+        i //= 2
+        while i:
+            m = max(tree[2 * i], tree[2 * i + 1])
+            if tree[i] == m:
+                break
+            tree[i] = m
+            i //= 2
+    return out
+
+
+def _best_fit(sizes: list[int], seq_len: int) -> list[int]:
+    """Row index of each item under best-fit in the given order."""
+    base = len(sizes) + 1
+    # open rows with room left, each encoded as room * base + row so that the sort order
+    # is (room, row): the first entry >= n * base is the tightest fit, lowest row first
+    rooms: list[int] = []
+    out = []
+    n_rows = 0
+    for n in sizes:
+        pos = bisect.bisect_left(rooms, n * base)
+        if pos == len(rooms):
+            row, room = n_rows, seq_len - n
+            n_rows += 1
+        else:
+            key = rooms.pop(pos)
+            row, room = key % base, key // base - n
+        out.append(row)
+        if room > 0:
+            bisect.insort(rooms, room * base + row)
+    return out
+
+
+def plan_window(
+    lengths: Any, seq_len: int, method: Method = "best_fit", long: Long = "split"
+) -> list[Row]:
+    """Pack one window's documents, given their lengths, into rows of `seq_len` tokens.
+
+    Returns the rows in the order they were opened, each a list of
+    ``(doc_index_in_window, start, end)`` pieces in document order. Deterministic: the
+    same lengths and arguments give the same plan.
+    """
+    seq_len = check_seq_len(seq_len)
+    check_options(method, long)
+    arr = _check_lengths(lengths)
+    pieces = _pieces(arr, seq_len, long)
+    if method == "best_fit":
+        sizes = np.fromiter((e - s for _, s, e in pieces), dtype=np.int64, count=len(pieces))
+        order = np.argsort(-sizes, kind="stable").tolist()
+        pieces = [pieces[k] for k in order]
+        rows_of = _best_fit(sizes[order].tolist(), seq_len)
+    else:
+        rows_of = _first_fit([e - s for _, s, e in pieces], seq_len)
+    rows: list[Row] = [[] for _ in range(max(rows_of, default=-1) + 1)]
+    for piece, r in zip(pieces, rows_of):
+        rows[r].append(piece)
+    for row in rows:
+        row.sort()
+    return rows
+
+
+def window_bounds(n_docs: int, window_size: int, window: int) -> tuple[int, int]:
+    """Documents [start, stop) of `window` in a sequence of `n_docs` documents."""
+    window_size = check_window_size(window_size)
+    start = window * window_size
+    return start, min(start + window_size, n_docs)
+
+
+def plan_windows(
+    lengths: Any,
+    window_size: int,
+    seq_len: int,
+    method: Method = "best_fit",
+    long: Long = "split",
+) -> list[list[Row]]:
+    """`plan_window` for each window of `window_size` (K) consecutive documents; doc
+    indices in the pieces are relative to their window."""
+    window_size = check_window_size(window_size)
+    seq_len = check_seq_len(seq_len)
+    check_options(method, long)
+    arr = _check_lengths(lengths)
+    return [
+        plan_window(arr[s : s + window_size], seq_len, method, long)
+        for s in range(0, len(arr), window_size)
+    ]
+
+
+def build_row(
+    docs: Sequence[np.ndarray], pieces: Row, seq_len: int, pad_id: int = 0
+) -> dict[str, Any]:
+    """One packed row, as training code consumes it.
+
+    `docs` are the window's documents (indexed by the pieces' doc_index_in_window).
+
+    * ``input_ids`` (int64, seq_len): the pieces' tokens back to back, then `pad_id`.
+    * ``position_ids`` (int32, seq_len): 0, 1, 2... restarting at each piece; 0 on padding.
+    * ``segment_ids`` (int32, seq_len): 1, 2, 3... per piece, 0 on padding.
+    * ``cu_seqlens`` (int32, pieces + 1): 0 then the cumulative piece lengths, as
+      variable-length attention kernels take them. The padding tail is *not* a segment:
+      ``cu_seqlens[-1]`` is the number of real tokens.
+    * ``max_seqlen`` (int): the longest piece (0 for an empty row).
+    * ``labels`` (int64, seq_len): ``input_ids`` with -100 at the first token of each
+      piece (its predecessor belongs to another segment) and on padding.
+    """
+    seq_len = check_seq_len(seq_len)
+    input_ids = np.full(seq_len, pad_id, dtype=np.int64)
+    position_ids = np.zeros(seq_len, dtype=np.int32)
+    segment_ids = np.zeros(seq_len, dtype=np.int32)
+    cu = np.zeros(len(pieces) + 1, dtype=np.int32)
+    at = 0
+    max_seqlen = 0
+    for k, (d, s, e) in enumerate(pieces):
+        if d < 0 or d >= len(docs):
+            raise ValueError(f"piece {k} names document {d}, but the window has {len(docs)}")
+        doc = check_doc(docs[d], d)
+        n = e - s
+        if s < 0 or n < 1 or e > len(doc):
+            raise ValueError(f"piece {k} ({s}, {e}) is not a non-empty part of document {d}")
+        if at + n > seq_len:
+            raise ValueError(f"pieces overflow seq_len {seq_len} at piece {k}")
+        input_ids[at : at + n] = doc[s:e]
+        position_ids[at : at + n] = np.arange(n, dtype=np.int32)
+        segment_ids[at : at + n] = k + 1
+        at += n
+        cu[k + 1] = at
+        max_seqlen = max(max_seqlen, n)
+    labels = input_ids.copy()
+    labels[cu[:-1]] = IGNORE_INDEX
+    labels[at:] = IGNORE_INDEX
+    return {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "segment_ids": segment_ids,
+        "cu_seqlens": cu,
+        "max_seqlen": max_seqlen,
+        "labels": labels,
+    }
+
+
+def pack(
+    docs: Sequence[Any],
+    window_size: int,
+    seq_len: int,
+    method: Method = "best_fit",
+    long: Long = "split",
+    pad_id: int = 0,
+) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """Packed rows of `docs` as ``(window, row, fields)``, window by window."""
+    window_size = check_window_size(window_size)
+    seq_len = check_seq_len(seq_len)
+    check_options(method, long)
+    for w, s in enumerate(range(0, len(docs), window_size)):
+        window = list(docs[s : s + window_size])
+        for i, doc in enumerate(window):
+            check_doc(doc, s + i)
+        lengths = np.array([len(doc) for doc in window], dtype=np.int64)
+        for r, row in enumerate(plan_window(lengths, seq_len, method, long)):
+            yield w, r, build_row(window, row, seq_len, pad_id)
+
+
+def utilisation(rows: Sequence[Row], seq_len: int) -> float:
+    """Real tokens / (rows * seq_len); 0.0 for no rows."""
+    seq_len = check_seq_len(seq_len)
+    if not rows:
+        return 0.0
+    tokens = sum(e - s for row in rows for _, s, e in row)
+    return tokens / (len(rows) * seq_len)
