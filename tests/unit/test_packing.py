@@ -99,6 +99,8 @@ def test_best_fit_takes_tightest_row():
     # longest first: 7 -> row0 (room 3), 6 -> row1 (room 4), 3 -> row0 (tightest), 4 -> row1
     rows = plan_window(np.array([3, 6, 4, 7]), 10, "best_fit")
     assert rows == [[(0, 0, 3), (3, 0, 7)], [(1, 0, 6), (2, 0, 4)]]
+    # a row with room for exactly one more token still takes it
+    assert plan_window(np.array([9, 1]), 10, "best_fit") == [[(0, 0, 9), (1, 0, 1)]]
     # greedy on the same input wastes a row
     assert len(plan_window(np.array([3, 6, 4, 7]), 10, "greedy")) == 3
 
