@@ -1,0 +1,330 @@
+"""Exact, deterministic weighted mixing of S sources (issue 34; private, nothing exported).
+
+The mixed sequence is a sequence of (source, sample) pairs that is a function of (seed, epoch,
+the weight schedule, the sizes, the exhaustion mode) alone, and it is addressable: `mixed_at(p)`
+computes position p in O(S^2) integer steps (O(S) in the usual case) plus one permutation lookup,
+without generating the prefix, so any rank or worker can compute any position and resume is exact
+on any world size.
+
+Which source (the pattern). Within a piece of the schedule with weights w (taken as exact
+rationals: ints as they are, floats as `Fraction(w).limit_denominator(10**9)`) and shares
+q_s = w_s / sum(w), the k-th draw of source s has the ideal time t(s, k) = (k + 1/2) / q_s
+(Sainte-Lague's divisors); the pattern is the merge of all these times in increasing order, ties
+going to the smaller source index. The counts of the first n positions are found in closed form
+(c_s = floor(n q_s + 1/2), then at most S/2 single steps to fix the total), all in integers.
+
+The bound. Let c_s(n) be source s's count among the first n positions of a piece. Cutting the
+merged order at the time T of its n-th element gives |c_s(n) - T q_s| <= 1/2 for every s, hence
+c_s(n) - n q_s = (1 - q_s)(c_s - T q_s) - q_s sum_{t != s} (c_t - T q_t) lies within
++-((1 - q_s) + q_s (S' - 1)) / 2, S' being the number of sources of positive weight. So over EVERY
+window of W consecutive positions inside one piece,
+
+    |count_s(window) - W q_s| <= 1 + q_s (S' - 2)        (<= 1 for two sources, <= S' - 1 always)
+
+and every prefix of a piece is within half of that. The pattern is periodic (period
+sum(w) / gcd for integer weights): 0.75/0.25 gives exactly 750/250 of any 1,000 positions.
+
+Which sample. The k-th draw of source s is perm(seed, epoch, s, c)[k mod size_s] with
+c = k // size_s: each source walks through its own shuffled orders, one per cycle ("per-source
+epochs" are derived, not stored).
+
+When a source runs out (k reaches size_s): "repeat" cycles again; "end" ends the mix at the
+first position that would need such a draw; "stop" takes that source out of the mix at that
+position and renormalises the others (a new piece starts there, with that source's weight 0;
+the mix ends when no source is left).
+
+A schedule is a list of (start_position, weights) pieces, the first starting at 0; positions are
+counted in the mixed sequence, and the counts at each piece boundary are computed once at
+construction.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import itertools
+import json
+from collections.abc import Iterator, Sequence
+from fractions import Fraction
+from math import gcd
+from typing import Any
+
+import numpy as np
+
+MODES = ("repeat", "stop", "end")
+_TAG = 0x6D6978  # "mix": keeps these permutations apart from other streams of the same seed
+_STATE_VERSION = 1
+
+
+def _as_fraction(value: Any) -> Fraction:
+    if isinstance(value, (int, np.integer)):
+        return Fraction(int(value))
+    return Fraction(float(value)).limit_denominator(10**9)
+
+
+def integer_weights(weights: Sequence[Any], sources: int) -> list[int]:
+    """The weights as the smallest integers of the same ratios; ValueError naming `weights`."""
+    try:
+        values = list(weights)
+    except TypeError:
+        raise ValueError(f"weights must be a sequence of numbers, got {weights!r}") from None
+    if len(values) != sources:
+        raise ValueError(f"weights has {len(values)} entries but there are {sources} sources")
+    fracs: list[Fraction] = []
+    for i, v in enumerate(values):
+        try:
+            f = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"weights[{i}] is not a number: {v!r}") from None
+        if not np.isfinite(f):
+            raise ValueError(f"weights[{i}] is not finite: {v!r}")
+        if f < 0:
+            raise ValueError(f"weights[{i}] is negative: {v!r}")
+        fracs.append(_as_fraction(v))
+    if not any(fracs):
+        raise ValueError("weights are all zero: at least one source needs a positive weight")
+    den = 1
+    for fr in fracs:
+        den = den * fr.denominator // gcd(den, fr.denominator)
+    ints = [int(fr * den) for fr in fracs]
+    g = 0
+    for x in ints:
+        g = gcd(g, x)
+    return [x // g for x in ints]
+
+
+def prefix_counts(w: Sequence[int], n: int) -> list[int]:
+    """Each source's count among the first n positions of the pattern of integer weights w."""
+    total = sum(w)
+    # all draws with ideal time <= n: c_s = #{k >= 0 : (2k + 1) total <= 2 n w_s}
+    c = [((2 * n * ws) // total + 1) // 2 if ws else 0 for ws in w]
+    m = sum(c)
+    while m < n:  # take the next draw: smallest (2c_s + 1) / w_s, ties to the smaller s
+        best = -1
+        for s, ws in enumerate(w):
+            if ws and (best < 0 or (2 * c[s] + 1) * w[best] < (2 * c[best] + 1) * ws):
+                best = s
+        c[best] += 1
+        m += 1
+    while m > n:  # give back the last draw: largest (2c_s - 1) / w_s, ties to the larger s
+        best = -1
+        for s, ws in enumerate(w):
+            if ws and c[s] and (best < 0 or (2 * c[s] - 1) * w[best] >= (2 * c[best] - 1) * ws):
+                best = s
+        c[best] -= 1
+        m -= 1
+    return c
+
+
+def next_source(w: Sequence[int], c: Sequence[int]) -> int:
+    """The source of the draw after counts c: smallest (2c_s + 1) / w_s, ties to the smaller s."""
+    best = -1
+    for s, ws in enumerate(w):
+        if ws and (best < 0 or (2 * c[s] + 1) * w[best] < (2 * c[best] + 1) * ws):
+            best = s
+    return best
+
+
+def position_of(w: Sequence[int], s: int, m: int) -> int:
+    """The position (within the pattern of integer weights w) of source s's draw number m."""
+    ws = w[s]
+    if not ws:
+        raise ValueError(f"source {s} has weight 0: it is never drawn")
+    pos = m
+    for t, wt in enumerate(w):
+        if t == s:
+            continue
+        a = (2 * m + 1) * wt  # t's draws j before it: (2j + 1) w_s < a (or <= a when t < s)
+        q = a // ws if t < s else (a - 1) // ws
+        pos += (q + 1) // 2 if q > 0 else 0
+    return pos
+
+
+class WeightedMix:
+    """The mixed sequence of `sizes` sources under a weight `schedule`; see the module's docstring.
+
+    `schedule` is either one weight vector or a list of (start_position, weights) pieces with
+    strictly increasing starts, the first 0. `len(mix)` is defined only when the mix ends
+    ("end" or "stop"); `length` is None for an endless mix.
+    """
+
+    def __init__(self, sizes: Sequence[int], schedule: Any, seed: int = 0, epoch: int = 0,
+                 mode: str = "repeat") -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        self.sizes = [int(x) for x in sizes]
+        if not self.sizes or any(x < 0 for x in self.sizes):
+            raise ValueError(f"sizes must be one or more non-negative counts, got {list(sizes)!r}")
+        if int(seed) < 0 or int(epoch) < 0:
+            raise ValueError("seed and epoch must be non-negative")
+        self.seed, self.epoch, self.mode = int(seed), int(epoch), mode
+        S = len(self.sizes)
+        pieces = _pieces(schedule)
+        self.user_schedule = [(start, integer_weights(w, S)) for start, w in pieces]
+        if mode == "repeat":
+            for _, w in self.user_schedule:
+                for s, ws in enumerate(w):
+                    if ws and not self.sizes[s]:
+                        raise ValueError(f"source {s} is empty but has a positive weight")
+        # the effective pieces: (start, integer weights, counts drawn before the piece)
+        self.starts: list[int] = []
+        self.weights: list[list[int]] = []
+        self.counts: list[list[int]] = []
+        self.length: int | None = None
+        self._build()
+        self.position = 0
+        self._perms: dict[int, tuple[int, np.ndarray]] = {}
+
+    def _record(self, start: int, w: list[int], cum: list[int]) -> None:
+        if self.starts and self.starts[-1] == start:  # an empty piece: the later one wins
+            self.starts.pop(), self.weights.pop(), self.counts.pop()
+        self.starts.append(start)
+        self.weights.append(list(w))
+        self.counts.append(list(cum))
+
+    def _build(self) -> None:
+        S = len(self.sizes)
+        cum = [0] * S
+        user = self.user_schedule
+        for i, (start, w0) in enumerate(user):
+            end = user[i + 1][0] if i + 1 < len(user) else None
+            w = list(w0)
+            st = start
+            if self.mode == "stop":
+                w = [0 if cum[s] >= self.sizes[s] else ws for s, ws in enumerate(w)]
+            while True:
+                if not any(w):
+                    self.length = st
+                    return
+                if self.mode == "repeat":
+                    hit = None
+                else:
+                    hit = min((position_of(w, s, self.sizes[s] - cum[s]), s)
+                              for s in range(S) if w[s])
+                self._record(st, w, cum)
+                if hit is not None and (end is None or st + hit[0] < end):
+                    pos, s = hit
+                    if self.mode == "end":
+                        self.length = st + pos
+                        return
+                    cum = [a + b for a, b in zip(cum, prefix_counts(w, pos))]
+                    st += pos
+                    w[s] = 0
+                    continue
+                if end is not None:
+                    cum = [a + b for a, b in zip(cum, prefix_counts(w, end - st))]
+                break
+
+    def __len__(self) -> int:
+        if self.length is None:
+            raise TypeError("this mix is endless (mode 'repeat')")
+        return self.length
+
+    def _piece(self, p: int) -> int:
+        if p < 0:
+            raise IndexError(f"position {p} is negative")
+        if self.length is not None and p >= self.length:
+            raise IndexError(f"position {p} is past the end of the mix ({self.length})")
+        return bisect.bisect_right(self.starts, p) - 1
+
+    def perm(self, s: int, cycle: int) -> np.ndarray:
+        """Source s's order in its cycle `cycle`: a function of (seed, epoch, s, cycle)."""
+        kept = self._perms.get(s)
+        if kept is not None and kept[0] == cycle:
+            return kept[1]
+        seq = np.random.SeedSequence([_TAG, self.seed, self.epoch, s, cycle])
+        order = np.random.Generator(np.random.Philox(seq)).permutation(self.sizes[s])
+        self._perms[s] = (cycle, order)
+        return order
+
+    def _sample(self, s: int, k: int) -> tuple[int, int]:
+        cycle, j = divmod(k, self.sizes[s])
+        return s, int(self.perm(s, cycle)[j])
+
+    def source_at(self, p: int) -> tuple[int, int]:
+        """(source, draw number k of that source) at position p."""
+        i = self._piece(p)
+        w = self.weights[i]
+        c = prefix_counts(w, p - self.starts[i])
+        s = next_source(w, c)
+        return s, self.counts[i][s] + c[s]
+
+    def mixed_at(self, p: int) -> tuple[int, int]:
+        """(source, sample) at position p, without generating the positions before it."""
+        return self._sample(*self.source_at(p))
+
+    def iterate(self, start: int = 0) -> Iterator[tuple[int, int]]:
+        """The sequence from `start`, generated step by step (counts carried along)."""
+        p = start
+        while self.length is None or p < self.length:
+            i = self._piece(p)
+            w, base = self.weights[i], self.counts[i]
+            end = self.starts[i + 1] if i + 1 < len(self.starts) else self.length
+            c = prefix_counts(w, p - self.starts[i])
+            while (end is None or p < end):
+                s = next_source(w, c)
+                yield self._sample(s, base[s] + c[s])
+                c[s] += 1
+                p += 1
+
+    def __next__(self) -> tuple[int, int]:
+        if self.length is not None and self.position >= self.length:
+            raise StopIteration
+        out = self.mixed_at(self.position)
+        self.position += 1
+        return out
+
+    def __iter__(self) -> WeightedMix:
+        return self
+
+    # -- state --------------------------------------------------------------------------------
+
+    def fingerprint(self) -> str:
+        """A hash of what defines the sequence (sizes, schedule, seed, epoch, mode)."""
+        desc = json.dumps([self.sizes, self.user_schedule, self.seed, self.epoch, self.mode])
+        return hashlib.sha256(desc.encode()).hexdigest()[:16]
+
+    def state(self) -> dict[str, Any]:
+        """O(S) plain JSON: the position and what identifies this mix."""
+        return {"version": _STATE_VERSION, "position": self.position,
+                "sizes": list(self.sizes), "schedule_pieces": len(self.user_schedule),
+                "mode": self.mode, "fingerprint": self.fingerprint()}
+
+    def check_state(self, state: dict[str, Any]) -> int:
+        """The position of `state`; ValueError saying what differs if it is another mix's."""
+        if not isinstance(state, dict) or "position" not in state:
+            raise ValueError(f"not a mix state: {state!r}")
+        sizes = state.get("sizes")
+        if not isinstance(sizes, list) or len(sizes) != len(self.sizes):
+            n = len(sizes) if isinstance(sizes, list) else None
+            raise ValueError(f"the state is of a mix of {n} sources, this one has {len(self.sizes)}")
+        if sizes != self.sizes:
+            raise ValueError(f"the state's source sizes {sizes} differ from this mix's {self.sizes}")
+        if state.get("schedule_pieces") != len(self.user_schedule):
+            raise ValueError(f"the state's schedule has {state.get('schedule_pieces')} pieces, "
+                             f"this mix's has {len(self.user_schedule)}")
+        if state.get("mode") != self.mode:
+            raise ValueError(f"the state's mode {state.get('mode')!r} differs from {self.mode!r}")
+        if state.get("fingerprint") != self.fingerprint():
+            raise ValueError("the state's fingerprint differs: other weights, seed or epoch")
+        p = state["position"]
+        if not isinstance(p, int) or p < 0 or (self.length is not None and p > self.length):
+            raise ValueError(f"the state's position {p!r} is not within this mix")
+        return p
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.position = self.check_state(state)
+
+
+def _pieces(schedule: Any) -> list[tuple[int, Sequence[Any]]]:
+    try:
+        items = list(schedule)
+    except TypeError:
+        raise ValueError(f"weights must be a sequence of numbers, got {schedule!r}") from None
+    if items and all(isinstance(x, tuple) and len(x) == 2 for x in items):
+        pieces = [(int(a), b) for a, b in items]
+        starts = [a for a, _ in pieces]
+        if starts[0] != 0 or any(b <= a for a, b in itertools.pairwise(starts)):
+            raise ValueError(f"the schedule's starts must be 0 then strictly increasing: {starts}")
+        return pieces
+    return [(0, items)]
