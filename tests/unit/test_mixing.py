@@ -197,3 +197,27 @@ def test_state_round_trip_and_refusal():
         WeightedMix([30, 40], [(0, [1, 1]), (50, [1, 2])], seed=9).check_state(state)
     with pytest.raises(ValueError, match="fingerprint"):
         WeightedMix([30, 40], [(0, [1, 1]), (50, [1, 3])], seed=8).check_state(state)
+
+
+def test_large_sources_permuted_index_by_index(monkeypatch):
+    import stoker._mix.mixing as mixing
+
+    monkeypatch.setattr(mixing, "MATERIALIZE_MAX", 10)
+    sizes = [37, 1000]
+    mix = WeightedMix(sizes, [0.3, 0.7], seed=1)
+    draws: dict[int, list[int]] = {0: [], 1: []}
+    for p in range(4000):
+        s, x = mix.mixed_at(p)
+        draws[s].append(x)
+    for s, xs in draws.items():
+        cycles = [xs[c * sizes[s]:(c + 1) * sizes[s]] for c in range(len(xs) // sizes[s])]
+        assert len(cycles) >= 2
+        for cyc in cycles:
+            assert sorted(cyc) == list(range(sizes[s]))
+        assert cycles[0] != cycles[1]
+        assert cycles[0] != sorted(cycles[0])
+    # addressable at huge sizes and positions, and deterministic
+    big = WeightedMix([10**12, 3 * 10**11], [0.5, 0.5], seed=4)
+    got = big.mixed_at(10**15 + 3)
+    assert got == WeightedMix([10**12, 3 * 10**11], [0.5, 0.5], seed=4).mixed_at(10**15 + 3)
+    assert 0 <= got[1] < [10**12, 3 * 10**11][got[0]]

@@ -26,7 +26,9 @@ sum(w) / gcd for integer weights): 0.75/0.25 gives exactly 750/250 of any 1,000 
 
 Which sample. The k-th draw of source s is perm(seed, epoch, s, c)[k mod size_s] with
 c = k // size_s: each source walks through its own shuffled orders, one per cycle ("per-source
-epochs" are derived, not stored).
+epochs" are derived, not stored). A source of up to `MATERIALIZE_MAX` samples has its order made
+by numpy (Philox) once per cycle and kept; a larger one is permuted index by index by a keyed
+Feistel network with cycle walking (O(1) expected per sample, no memory of the size's order).
 
 When a source runs out (k reaches size_s): "repeat" cycles again; "end" ends the mix at the
 first position that would need such a draw; "stop" takes that source out of the mix at that
@@ -54,6 +56,30 @@ import numpy as np
 MODES = ("repeat", "stop", "end")
 _TAG = 0x6D6978  # "mix": keeps these permutations apart from other streams of the same seed
 _STATE_VERSION = 1
+MATERIALIZE_MAX = 1 << 20  # larger sources are permuted index by index (Feistel), not materialised
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijection of 64-bit words that scatters every bit."""
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    return x ^ (x >> 31)
+
+
+def feistel_index(j: int, n: int, keys: Sequence[int]) -> int:
+    """The image of j in [0, n) under a keyed permutation of [0, n): a balanced Feistel network on
+    the smallest even number of bits covering n, walked until it lands inside [0, n)."""
+    half = max(1, ((n - 1).bit_length() + 1) // 2)
+    low = (1 << half) - 1
+    x = j
+    while True:
+        left, right = x >> half, x & low
+        for key in keys:
+            left, right = right, left ^ (_mix64(right ^ key) & low)
+        x = (left << half) | right
+        if x < n:
+            return x
 
 
 def _as_fraction(value: Any) -> Fraction:
@@ -174,6 +200,7 @@ class WeightedMix:
         self._build()
         self.position = 0
         self._perms: dict[int, tuple[int, np.ndarray]] = {}
+        self._keys: dict[tuple[int, int], list[int]] = {}
 
     def _record(self, start: int, w: list[int], cum: list[int]) -> None:
         if self.starts and self.starts[-1] == start:  # an empty piece: the later one wins
@@ -237,8 +264,21 @@ class WeightedMix:
         self._perms[s] = (cycle, order)
         return order
 
+    def _feistel_keys(self, s: int, cycle: int) -> list[int]:
+        keys = self._keys.get((s, cycle))
+        if keys is None:
+            seq = np.random.SeedSequence([_TAG, self.seed, self.epoch, s, cycle, 1])
+            keys = [int(x) for x in seq.generate_state(6, np.uint64)]
+            if len(self._keys) > 64:
+                self._keys.clear()
+            self._keys[(s, cycle)] = keys
+        return keys
+
     def _sample(self, s: int, k: int) -> tuple[int, int]:
-        cycle, j = divmod(k, self.sizes[s])
+        size = self.sizes[s]
+        cycle, j = divmod(k, size)
+        if size > MATERIALIZE_MAX:
+            return s, feistel_index(j, size, self._feistel_keys(s, cycle))
         return s, int(self.perm(s, cycle)[j])
 
     def source_at(self, p: int) -> tuple[int, int]:
