@@ -491,7 +491,14 @@ def test_cap_holds_on_a_disk_exactly_the_caps_size(tmp_path):
         json.dumps(dict(job="hammer", dir=f"{mount}/cache", cap=cap, shards=shards, seconds=2.0, threads=2, seed=seed, log=f"{tmp_path}/log"))
         for seed in range(4)
     ]
-    script = f"mount -t tmpfs -o size={cap} tmpfs {mount} && " + " & ".join(f"{sys.executable} {CHILD} '{job}'" for job in jobs) + " & wait"
+    # the folder's layout is made first: four constructors racing four hammers that already
+    # filled the disk to the cap was seen to fail a constructor once under load
+    init = json.dumps(dict(job="get", dir=f"{mount}/cache", cap=cap, name="init", size=0, log=f"{tmp_path}/init.log"))
+    script = (
+        f"mount -t tmpfs -o size={cap} tmpfs {mount} && {sys.executable} {CHILD} '{init}' > /dev/null && "
+        + " & ".join(f"{sys.executable} {CHILD} '{job}'" for job in jobs)
+        + " & wait"
+    )
     done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     results = [json.loads(line) for line in done.stdout.splitlines()]

@@ -313,9 +313,11 @@ class ShardCache:
                 os.makedirs(os.path.join(self.directory, sub), exist_ok=True)
             fd = os.open(os.path.join(self.directory, _GLOBAL_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
             os.close(fd)
-            probe = os.path.join(self.directory, _TMP, f".probe-{os.getpid()}-{threading.get_ident()}")
-            os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666))
-            os.unlink(probe)
+            # asked, not tried: a probe file could not be made on a disk other processes
+            # have filled to the cap, and this process would fail for no fault of the folder
+            tmp = os.path.join(self.directory, _TMP)
+            if not os.access(tmp, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), tmp)
         except OSError as exc:
             if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
                 raise PermissionError(
