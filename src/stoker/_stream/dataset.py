@@ -16,7 +16,6 @@ downloads ahead: each shard is fetched when a sample of it is first read.
 
 from __future__ import annotations
 
-import bisect
 import collections
 import hashlib
 import itertools
@@ -124,7 +123,6 @@ class ShardedDataset(Dataset[Any]):
         )
         self.index = Index.load(self.store)
         self.shard_starts = np.asarray(self.index.starts, dtype=np.int64)
-        self._starts: list[int] = self.shard_starts.tolist()
         self._sizes = [int(s.size) for s in self.index.shards]
         self.decode = decode
         self.transform = transform
@@ -170,8 +168,7 @@ class ShardedDataset(Dataset[Any]):
             index += n
         if not 0 <= index < n:
             raise IndexError(f"index {i} is out of range for a ShardedDataset of {n} samples")
-        number = bisect.bisect_right(self._starts, index) - 1
-        k = index - self._starts[number]
+        number, k = self.index.locate(index)
         try:
             sample = self._read(number, k)
         except OSError as exc:

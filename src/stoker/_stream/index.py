@@ -12,6 +12,7 @@ saves the index beside them.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import tempfile
@@ -191,6 +192,7 @@ class Index:
         counts = np.fromiter((s.samples for s in self.shards), dtype=np.int64, count=len(self.shards))
         self.starts = np.zeros(len(self.shards) + 1, dtype=np.int64)
         np.cumsum(counts, out=self.starts[1:])
+        self._starts: list[int] = self.starts.tolist()
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -210,11 +212,14 @@ class Index:
         Raises:
             IndexError: when `i` is out of range.
         """
-        total = int(self.starts[-1])
+        total = self._starts[-1]
         if not 0 <= i < total:
             raise IndexError(f"sample {i} is out of range: the index holds {total} samples")
-        shard = int(np.searchsorted(self.starts, i, side="right")) - 1
-        return shard, int(i - self.starts[shard])
+        i = int(i)
+        # bisect on a list: a numpy call per sample costs more than the search (the hot path of
+        # every read)
+        shard = bisect.bisect_right(self._starts, i) - 1
+        return shard, i - self._starts[shard]
 
     def to_json(self) -> dict[str, Any]:
         """The index as the JSON object the file holds.
