@@ -356,6 +356,9 @@ def describe(plan: Any) -> dict[str, Any]:
         config["rank"] = sharded.rank
         config["total_size"] = sharded.total_size
         config["sampler_seed"] = sharded.seed
+        stream = getattr(sharded, "stoker_describe", None)  # stoker.mix's StreamSampler
+        if stream is not None:
+            config.update({f"stream.{key}": value for key, value in json.loads(json.dumps(stream())).items()})
     return config
 
 

@@ -95,6 +95,7 @@ def render(report: Report) -> str:
     length = f"{report.dataset_len:,} samples" if report.dataset_len is not None else "iterable"
     order = "shuffle" if report.shuffle else "in order"
     out.append(f"  dataset: {report.dataset}, {length}; batch_size {report.batch_size}, {order}")
+    out.extend(f"  {line}" for line in report.stream)
     out.append(
         f"  machine: {report.cpus} usable CPUs, start method {report.start_method}; budget {report.budget_s:g} s"
     )

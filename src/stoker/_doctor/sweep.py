@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .._core.loader import usable_cpus
 from .measure import (
@@ -108,6 +109,7 @@ class Report:
     readiness: Readiness | None = None
     traps: list[Trap] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    stream: list[str] = field(default_factory=list)  # a stoker.mix dataset's mix and packing
     containers: list[Container] = field(default_factory=list)
     load_average: tuple[float | None, float | None] = (None, None)  # 1-minute, before and after the run
     elapsed_s: float = 0.0
@@ -203,6 +205,18 @@ class _Sweep:
             row.merge(again)
 
 
+def stream_lines(dataset: Any) -> list[str]:
+    """What a `stoker.mix` dataset reports of itself (achieved mix proportions, packing
+    utilisation over its first epoch); a failure to report is a line too, never an abort."""
+    lines = getattr(dataset, "stoker_doctor_lines", None)
+    if not callable(lines):
+        return []
+    try:
+        return [str(line) for line in lines()]
+    except Exception as exc:  # the report is an extra: the measurement goes on without it
+        return [f"{type(dataset).__name__} could not report its mix/packing: {type(exc).__name__}: {exc}"]
+
+
 def run(
     target: Target,
     seconds: float,
@@ -239,6 +253,7 @@ def run(
         report.notes.append(
             f"importing the module and calling the factory took {loading_s:.1f} s of the {seconds:g} s budget"
         )
+    report.stream = stream_lines(target.dataset)
     rngs = rngs_drawn_in_fetch(target)
     report.containers = python_containers(target.dataset)
     _say(f"profiling dataset[i] in this process (~{profile_s:.1f} s)")

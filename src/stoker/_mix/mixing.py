@@ -58,6 +58,7 @@ _TAG = 0x6D6978  # "mix": keeps these permutations apart from other streams of t
 _STATE_VERSION = 1
 MATERIALIZE_MAX = 1 << 20  # larger sources are permuted index by index (Feistel), not materialised
 _MASK64 = (1 << 64) - 1
+TABLE_MAX = 1 << 22  # a pattern with a longer period is generated step by step, not from a table
 
 
 def _mix64(x: int) -> int:
@@ -80,6 +81,32 @@ def feistel_index(j: int, n: int, keys: Sequence[int]) -> int:
         x = (left << half) | right
         if x < n:
             return x
+
+
+def _mix64_array(x: np.ndarray) -> np.ndarray:
+    """`_mix64` on a uint64 array (numpy's uint64 products wrap modulo 2**64, as wanted)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def feistel_many(js: np.ndarray, n: int, keys: Sequence[int]) -> np.ndarray:
+    """`feistel_index` of every entry of `js` at once (same images, int64)."""
+    half = max(1, ((n - 1).bit_length() + 1) // 2)
+    low = np.uint64((1 << half) - 1)
+    shift = np.uint64(half)
+    out = np.asarray(js, dtype=np.uint64).copy()
+    todo = np.arange(len(out))
+    x = out
+    while len(todo):
+        left, right = x >> shift, x & low
+        for key in keys:
+            left, right = right, left ^ (_mix64_array(right ^ np.uint64(key)) & low)
+        x = (left << shift) | right
+        inside = x < np.uint64(n)
+        out[todo[inside]] = x[inside]
+        todo, x = todo[~inside], x[~inside]
+    return out.astype(np.int64)
 
 
 def _as_fraction(value: Any) -> Fraction:
@@ -151,6 +178,26 @@ def next_source(w: Sequence[int], c: Sequence[int]) -> int:
     return best
 
 
+def period_table(w: Sequence[int]) -> tuple[np.ndarray, np.ndarray] | None:
+    """One period (sum(w) positions) of the pattern of integer weights w: the source at each
+    position and that draw's number within the period; None when the period exceeds TABLE_MAX.
+
+    The pattern repeats with period T = sum(w): over T positions every source s takes exactly w_s
+    draws, so the counts at position x are (x // T) w_s plus the draws of s in table[: x % T].
+    The order is made from float64 keys (2k + 1) / w_s, which order exactly as the rationals do
+    here: with T <= TABLE_MAX two distinct keys differ by at least 1 / (w_s w_t), far above
+    float64's rounding, and equal rationals round to the same float.
+    """
+    total = sum(w)
+    if total > TABLE_MAX:
+        return None
+    src = np.concatenate([np.full(ws, s, dtype=np.int64) for s, ws in enumerate(w) if ws])
+    rank = np.concatenate([np.arange(ws, dtype=np.int64) for ws in w if ws])
+    keys = (2 * rank + 1) / np.asarray(w, dtype=np.float64)[src]
+    order = np.lexsort((src, keys))
+    return src[order], rank[order]
+
+
 def position_of(w: Sequence[int], s: int, m: int) -> int:
     """The position (within the pattern of integer weights w) of source s's draw number m."""
     ws = w[s]
@@ -201,6 +248,7 @@ class WeightedMix:
         self.position = 0
         self._perms: dict[int, tuple[int, np.ndarray]] = {}
         self._keys: dict[tuple[int, int], list[int]] = {}
+        self._tables: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray] | None] = {}
 
     def _record(self, start: int, w: list[int], cum: list[int]) -> None:
         if self.starts and self.starts[-1] == start:  # an empty piece: the later one wins
@@ -292,6 +340,68 @@ class WeightedMix:
     def mixed_at(self, p: int) -> tuple[int, int]:
         """(source, sample) at position p, without generating the positions before it."""
         return self._sample(*self.source_at(p))
+
+    def block(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """(sources, samples) as int64 arrays for positions [start, stop), vectorised: the same
+        pairs as `mixed_at` at each position. `stop` is clipped to the end of a mix that ends."""
+        if start < 0:
+            raise IndexError(f"position {start} is negative")
+        if self.length is not None:
+            stop = min(stop, self.length)
+        srcs: list[np.ndarray] = []
+        draws: list[np.ndarray] = []
+        p = start
+        while p < stop:
+            i = self._piece(p)
+            end = self.starts[i + 1] if i + 1 < len(self.starts) else None
+            upto = stop if end is None else min(stop, end)
+            s, k = self._piece_block(i, p - self.starts[i], upto - self.starts[i])
+            srcs.append(s)
+            draws.append(k)
+            p = upto
+        if not srcs:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        s_all, k_all = np.concatenate(srcs), np.concatenate(draws)
+        return s_all, self._samples(s_all, k_all)
+
+    def _piece_block(self, i: int, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sources and draw numbers of positions [a, b) of piece i (positions within the piece)."""
+        w = self.weights[i]
+        key = tuple(w)
+        if key not in self._tables:
+            self._tables[key] = period_table(w)
+        table = self._tables[key]
+        base = np.asarray(self.counts[i], dtype=np.int64)
+        if table is None:  # a very long period: step by step from the counts at a
+            c = prefix_counts(w, a)
+            s_out = np.empty(b - a, np.int64)
+            k_out = np.empty(b - a, np.int64)
+            for n in range(b - a):
+                s = next_source(w, c)
+                s_out[n], k_out[n] = s, base[s] + c[s]
+                c[s] += 1
+            return s_out, k_out
+        src, rank = table
+        x = np.arange(a, b, dtype=np.int64)
+        cycle, at = np.divmod(x, len(src))
+        which = src[at]
+        return which, base[which] + cycle * np.asarray(w, dtype=np.int64)[which] + rank[at]
+
+    def _samples(self, sources: np.ndarray, draws: np.ndarray) -> np.ndarray:
+        out = np.empty(len(sources), np.int64)
+        for s in np.unique(sources).tolist():
+            mask = sources == s
+            size = self.sizes[s]
+            cycles, js = np.divmod(draws[mask], size)
+            got = np.empty(len(js), np.int64)
+            for c in np.unique(cycles).tolist():
+                at = cycles == c
+                if size > MATERIALIZE_MAX:
+                    got[at] = feistel_many(js[at], size, self._feistel_keys(s, c))
+                else:
+                    got[at] = self.perm(s, c)[js[at]]
+            out[mask] = got
+        return out
 
     def iterate(self, start: int = 0) -> Iterator[tuple[int, int]]:
         """The sequence from `start`, generated step by step (counts carried along)."""
