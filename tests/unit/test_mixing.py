@@ -221,3 +221,41 @@ def test_large_sources_permuted_index_by_index(monkeypatch):
     got = big.mixed_at(10**15 + 3)
     assert got == WeightedMix([10**12, 3 * 10**11], [0.5, 0.5], seed=4).mixed_at(10**15 + 3)
     assert 0 <= got[1] < [10**12, 3 * 10**11][got[0]]
+
+
+def test_block_gives_the_pairs_of_mixed_at_in_every_mode_and_schedule() -> None:
+    import random
+
+    from stoker._mix.mixing import WeightedMix
+
+    rng = random.Random(1)
+    for trial in range(60):
+        S = rng.randint(1, 5)
+        sizes = [rng.randint(1, 50) for _ in range(S)]
+        w = [rng.choice([0, 1, 2, 3, 0.25, 0.7, 5, 13]) for _ in range(S)]
+        if not any(w):
+            w[0] = 1
+        mode = rng.choice(["repeat", "stop", "end"])
+        schedule = [(0, w), (rng.randint(1, 300), [rng.randint(1, 4) for _ in range(S)])] if trial % 2 else w
+        mix = WeightedMix(sizes, schedule, seed=trial, mode=mode)
+        n = 700 if mix.length is None else mix.length
+        a = rng.randint(0, n // 2)
+        s, k = mix.block(a, n)
+        assert list(zip(s.tolist(), k.tolist())) == [mix.mixed_at(p) for p in range(a, n)], (trial, schedule, mode)
+
+
+def test_block_over_a_long_period_and_a_feistel_source() -> None:
+    import numpy as np
+
+    from stoker._mix import mixing
+    from stoker._mix.mixing import WeightedMix, feistel_index, feistel_many
+
+    keys = [0x1234567 * (i + 1) for i in range(6)]
+    assert feistel_many(np.arange(3000), 1_234_567, keys).tolist() == [feistel_index(j, 1_234_567, keys) for j in range(3000)]
+    big = WeightedMix([mixing.MATERIALIZE_MAX + 5, 10], [1, 1], seed=3)
+    s, k = big.block(0, 1000)
+    assert list(zip(s.tolist(), k.tolist())) == [big.mixed_at(p) for p in range(1000)]
+    long_period = WeightedMix([50, 60], [mixing.TABLE_MAX, 3], seed=1)  # no table: step by step
+    s, k = long_period.block(10, 400)
+    assert list(zip(s.tolist(), k.tolist())) == [long_period.mixed_at(p) for p in range(10, 400)]
+    assert long_period._tables[tuple(long_period.weights[0])] is None
