@@ -35,7 +35,7 @@ import pytest
 griffe = pytest.importorskip("griffe")
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-PUBLIC_MODULES = ("stoker", "stoker.torch", "stoker.vision", "stoker.shards", "stoker.ray", "stoker.testing")
+PUBLIC_MODULES = ("stoker", "stoker.torch", "stoker.vision", "stoker.shards", "stoker.mix", "stoker.ray", "stoker.testing")
 PRIVATE_MODULE = re.compile(r"(?<![A-Za-z0-9_.])_(core|data|doctor|vision|frameworks|stream)\b|stoker\._")
 DEFAULT = re.compile(r"Defaults\s+to\s+(?P<value>.+?)\.(?=\s|$)", re.DOTALL)
 UNDOCUMENTED_VARIADICS = {"args", "kwargs"}

@@ -11,6 +11,7 @@ size through the elastic path every stoker sampler has.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence, Sized
@@ -281,7 +282,15 @@ class MixedDataset(Dataset[Any]):
         return self.length
 
     def source_at(self, position: int) -> tuple[int, int]:
-        """The (source, sample) at `position`."""
+        """The (source index, sample index) at a position of the mix.
+
+        Args:
+            position: The position (an int >= 0, counted across epochs).
+
+        Raises:
+            IndexError: when `position` is negative.
+            TypeError: when it is not an int.
+        """
         mix, at = self._locate(position)
         return mix.mixed_at(at)
 
@@ -290,7 +299,16 @@ class MixedDataset(Dataset[Any]):
         return self.sources[s][j]
 
     def sources_block(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """(sources, samples) as int64 arrays for positions [start, stop), vectorised."""
+        """The (source, sample) pairs of positions [start, stop) as two int64 arrays, computed
+        together (the same pairs `source_at` gives one by one, far faster).
+
+        Args:
+            start: The first position (>= 0).
+            stop: The position after the last (>= start).
+
+        Raises:
+            IndexError: when the positions are not such a range.
+        """
         if start < 0 or stop < start:
             raise IndexError(f"positions [{start}, {stop}) are not a range of a mix")
         if self.exhausted == "repeat":
@@ -309,7 +327,17 @@ class MixedDataset(Dataset[Any]):
         return np.concatenate(parts_s), np.concatenate(parts_j)
 
     def stoker_lengths(self, start: int, stop: int) -> np.ndarray:
-        """The token counts of the documents at positions [start, stop) (the packing protocol)."""
+        """The token counts of the documents at positions [start, stop), from the sources'
+        `lengths` arrays where they have them (what `PackedDataset` plans with).
+
+        Args:
+            start: The first position (>= 0).
+            stop: The position after the last.
+
+        Raises:
+            DocumentError: when a source without `lengths` holds a document that is not a 1-D
+                integer array.
+        """
         s, j = self.sources_block(start, stop)
         out = np.empty(len(s), np.int64)
         for src in np.unique(s).tolist():
@@ -318,11 +346,20 @@ class MixedDataset(Dataset[Any]):
         return out
 
     def describe_document(self, position: int) -> str:
+        """Words naming the document at `position`, its source and sample, for error messages.
+
+        Args:
+            position: The position (an int >= 0).
+        """
         s, j = self.source_at(position)
         return f"the document at mix position {position} (source {s}, sample {j})"
 
     def weights_at(self, position: int) -> list[float]:
-        """The target shares (in the unit of `weigh`) in force at `position`."""
+        """The target shares (in the unit of `weigh`, summing to 1) in force at a position.
+
+        Args:
+            position: The position (an int >= 0).
+        """
         _, at = self._locate(position)
         starts = [start for start, _ in self.schedule]
         w = self.schedule[bisect.bisect_right(starts, at) - 1][1]
@@ -339,8 +376,18 @@ class MixedDataset(Dataset[Any]):
         return (total / max(1, len(points))).tolist()
 
     def proportions(self, start: int = 0, stop: int | None = None) -> dict[str, Any]:
-        """What the mix gives over positions [start, stop) (default: one epoch from `start`):
-        each source's documents, tokens (when lengths are cheap or `weigh="tokens"`) and shares.
+        """What the mix gives over positions [start, stop): each source's documents and
+        document shares, its tokens and token shares (when every source has a `lengths` array,
+        or `weigh="tokens"`), and the schedule's target shares averaged over the range.
+
+        Args:
+            start: The first position. Defaults to 0.
+            stop: The position after the last. None means one epoch from `start`. Defaults
+                to None.
+
+        Returns:
+            A dict with `positions`, `documents`, `document_shares`, `target_shares`, `weigh`
+            and, where known, `tokens` and `token_shares`.
         """
         stop = start + self.length if stop is None else stop
         s, _ = self.sources_block(start, stop)
@@ -359,9 +406,16 @@ class MixedDataset(Dataset[Any]):
         return out
 
     def max_deviation(self, start: int, stop: int, window: int = 1000) -> float:
-        """The largest |count_s - window * q_s| over the windows of `window` consecutive
-        document positions in [start, stop) (sliding, each under one weight vector), q_s the
-        document shares the mix follows (after the token conversion with `weigh="tokens"`)."""
+        """The largest |count_s - window * q_s| over every run of `window` consecutive positions
+        in [start, stop) that lies under one weight vector; q_s are the document shares the mix
+        follows (after the token conversion with `weigh="tokens"`). The documented bound is
+        1 + q_s (S' - 2).
+
+        Args:
+            start: The first position (within one epoch of a "stop"/"end" mix).
+            stop: The position after the last.
+            window: The run length. Defaults to 1000.
+        """
         mix, at = self._locate(start)
         s, _ = self.sources_block(start, stop)
         if len(s) < window:
@@ -391,7 +445,13 @@ class MixedDataset(Dataset[Any]):
         }
 
     def stoker_doctor_lines(self, start: int = 0, stop: int | None = None) -> list[str]:
-        """The doctor's lines: what the mix gives over one epoch from `start`."""
+        """The lines `stoker doctor` prints for this dataset: the achieved and target shares
+        and the largest deviation over runs of 1,000 positions.
+
+        Args:
+            start: The first position. Defaults to 0.
+            stop: The position after the last. None means one epoch. Defaults to None.
+        """
         got = self.proportions(start, stop)
         shares = got.get("token_shares") if self.weigh == "tokens" else got["document_shares"]
         pairs = ", ".join(f"{a:.3f}/{b:.3f}" for a, b in zip(shares or [], got["target_shares"]))
@@ -565,7 +625,15 @@ class PackedDataset(Dataset[dict[str, Any]]):
                 self._cum.append(self._cum[-1] + len(plan))
 
     def locate(self, row: int) -> tuple[int, int]:
-        """The (window, row within the window) of global row `row`."""
+        """The (window, row within the window) of a row of the packed stream.
+
+        Args:
+            row: The row (an int >= 0, counted across epochs).
+
+        Raises:
+            IndexError: when `row` is negative.
+            TypeError: when it is not an int.
+        """
         if isinstance(row, bool) or not isinstance(row, (int, np.integer)):
             raise TypeError(f"a PackedDataset is indexed by an int row, got {type(row).__name__}")
         if row < 0:
@@ -579,7 +647,12 @@ class PackedDataset(Dataset[dict[str, Any]]):
         return window, int(row) - self._cum[window]
 
     def pieces(self, row: int) -> list[tuple[int, int, int]]:
-        """Row `row`'s pieces as (stream position, start, end) of each document in it."""
+        """What a row holds: (stream position, start, end) of each document piece in it, in
+        the order the row holds them.
+
+        Args:
+            row: The row (an int >= 0).
+        """
         window, r = self.locate(row)
         base = window * self.window_size
         return [(base + d, s, e) for d, s, e in self._plan(window)[r]]
@@ -718,6 +791,19 @@ class StreamSampler(DistributedSampler):
     def _order(self) -> list[int]:
         n = len(self.dataset)
         return list(range(self.epoch * n, (self.epoch + 1) * n))
+
+    def _iter_from(self, skip: int) -> Iterator[int]:
+        indices = super()._iter_from(skip)
+        locate = getattr(self.dataset, "locate", None)
+        if locate is None:
+            return indices
+        first = next(indices, None)
+        if first is None:
+            return iter(())
+        # drawn in the loader's process before its workers fork: the window table it plans
+        # here (every window before `first`, lengths only) is inherited, not planned again
+        locate(first)
+        return itertools.chain([first], indices)
 
     def stoker_describe(self) -> dict[str, Any]:
         """The stream's description, which a loader's state records and checks."""
