@@ -365,9 +365,9 @@ def test_every_page_has_its_examples_found() -> None:
     where = {b.where.split(":")[0] for b in BLOCKS}
     for page in ("README.md", "docs/getting-started.md", "docs/guide/frameworks.md",
                  "docs/guide/randomness-and-resume.md", "docs/guide/feeding-a-gpu.md",
-                 "docs/guide/vision.md", "docs/guide/shards.md", "stoker.testing"):
+                 "docs/guide/vision.md", "docs/guide/shards.md", "docs/guide/mixing-and-packing.md", "stoker.testing"):
         assert page in where, page
-    assert set(reference_modules()) == {"stoker", "stoker.torch", "stoker.vision", "stoker.shards", "stoker.ray", "stoker.testing"}
+    assert set(reference_modules()) == {"stoker", "stoker.torch", "stoker.vision", "stoker.shards", "stoker.mix", "stoker.ray", "stoker.testing"}
 
 
 def test_readme_is_short_and_starts_with_the_two_commands() -> None:

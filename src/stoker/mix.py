@@ -14,14 +14,9 @@ split over ranks, so that a loader's `state_dict()` resumes exactly on another w
                         collate_fn=collate_packed, num_workers=4)
 """
 
-from ._mix.datasets import (
-    DocumentError,
-    MixedDataset,
-    PackedDataset,
-    StreamSampler,
-    TokenDataset,
-    collate_packed,
-)
+from ._mix.mixed import MixedDataset
+from ._mix.packed import PackedDataset, StreamSampler, collate_packed
+from ._mix.tokens import DocumentError, TokenDataset
 
 __all__ = [
     "DocumentError",

@@ -1,0 +1,351 @@
+"""`MixedDataset`: several datasets mixed in set proportions, indexed by position of the mix
+(counted across epochs), over `WeightedMix`."""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from collections.abc import Sequence, Sized
+from typing import Any
+
+import numpy as np
+
+from .._data.datasets import Dataset
+from .mixing import MODES, WeightedMix, _pieces, integer_weights
+from .tokens import _describe, lengths_of
+
+WEIGH = ("documents", "tokens")
+TOKEN_RESOLUTION = 1 << 16  # document weights made from token weights: shares to 1/65,536
+
+
+class MixedDataset(Dataset[Any]):
+    """Several datasets mixed in set proportions, exactly and deterministically.
+
+    Position p of the mix is a (source, sample) pair that depends only on (`seed`, the
+    epoch of the mix, `weights`, the sources' sizes and `exhausted`): the sources are taken
+    in the proportions of `weights` with no sampling drift (over every window of W
+    consecutive positions under one weight vector, source s appears W q_s times within
+    1 + q_s (S' - 2), q_s its share and S' the number of sources of positive weight; within 1
+    for two sources), and each source walks through its own shuffled order, a new one each
+    time it has been read through. `ds[p]` is that source's sample.
+
+    Positions count on across epochs (`StreamSampler` gives epoch e the positions
+    [e * len(ds), (e + 1) * len(ds))), so a weight schedule is a schedule over the run. With
+    `exhausted="repeat"` the mix is endless and `len(ds)` is `length` (by default the
+    sources' total size); with "stop" or "end" one epoch of the mix ends when the sources
+    run out as chosen, and the next epoch is a new mix (epoch + 1) of the same length.
+
+    Args:
+        sources: The datasets to mix (map-style: `__len__` and `__getitem__`), two or more,
+            or one to get a single dataset's endless shuffled stream.
+        weights: One weight per source (non-negative numbers, not all zero; ints are exact,
+            floats are taken as the nearest fraction with a denominator up to 10**9), or a
+            schedule: a list of `(start_position, weights)` pairs with starts 0 then strictly
+            increasing, each weight vector in force from its start (positions of the mix,
+            counted from the start of the run; with "stop"/"end" from each mix epoch's start).
+        weigh: "documents" (the weights are shares of the samples) or "tokens" (shares of the
+            tokens: each source's weight is divided by its mean document length, and the
+            resulting shares are rounded to 1/65,536; the token shares are then exact in
+            expectation, and within one document's length of the target over long windows).
+            Defaults to "documents".
+        exhausted: What happens when a source has been read through: "repeat" (it starts a
+            new shuffled pass; the mix never ends), "stop" (it leaves the mix and the other
+            weights are renormalised; the epoch ends when none is left) or "end" (the epoch
+            ends there). Defaults to "repeat".
+        seed: The seed of every source's shuffled order (an int >= 0). Defaults to 0.
+        length: The epoch length in positions: by default, with "repeat", the sources' total
+            size; with "stop"/"end", where the mix ends (a smaller `length` cuts each epoch
+            short). Defaults to None.
+        tokens: With `weigh="tokens"`, each source's total token count (its mean document
+            length is tokens / size). None means it is counted: from a source's `lengths`
+            array when it has one (a `TokenDataset`), else by reading every document once,
+            at construction. Defaults to None.
+
+    Raises:
+        ValueError: when `weights` (or a piece of the schedule) has another length than
+            `sources`, a negative or non-finite entry, or is all zero; when the schedule's
+            starts are not 0 then increasing; when `weigh`, `exhausted`, `seed` or `length` is
+            not one of the accepted values; when a source of positive weight is empty.
+        DocumentError: with `weigh="tokens"` and a document that is not a 1-D integer array.
+    """
+
+    def __init__(
+        self,
+        sources: Sequence[Any],
+        weights: Any,
+        *,
+        weigh: str = "documents",
+        exhausted: str = "repeat",
+        seed: int = 0,
+        length: int | None = None,
+        tokens: Sequence[int] | None = None,
+    ) -> None:
+        if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence) or not sources:
+            raise ValueError(f"sources must be a non-empty list of datasets, got {_describe(sources)}")
+        for i, src in enumerate(sources):
+            if not isinstance(src, Sized) or not hasattr(src, "__getitem__"):
+                raise TypeError(f"sources[{i}] is a {type(src).__name__}: a source is a map-style dataset")
+        if weigh not in WEIGH:
+            raise ValueError(f"weigh must be one of {WEIGH}, got {weigh!r}")
+        if exhausted not in MODES:
+            raise ValueError(f"exhausted must be one of {MODES}, got {exhausted!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        self.sources = list(sources)
+        self.sizes = [len(s) for s in self.sources]
+        self.weigh, self.exhausted, self.seed = weigh, exhausted, int(seed)
+        pieces = _pieces(weights)
+        for _start, w in pieces:  # checked as given, before any conversion
+            integer_weights(w, len(self.sources))
+        self.schedule = [(start, [float(x) for x in w]) for start, w in pieces]
+        self.mean_lengths: list[float] | None = None
+        if weigh == "tokens":
+            self.mean_lengths = self._mean_lengths(tokens)
+            doc_schedule: list[tuple[int, list[int]]] = [
+                (start, _token_to_document_weights(w, self.mean_lengths)) for start, w in pieces
+            ]
+            schedule: Any = doc_schedule
+        else:
+            schedule = pieces
+        self._schedule = schedule
+        self._mixes: OrderedDict[int, WeightedMix] = OrderedDict()
+        first = self._mix(0)
+        if first.length is None:
+            self.length = sum(self.sizes) if length is None else length
+        else:
+            self.length = first.length if length is None else length
+            if self.length > first.length:
+                raise ValueError(f"length {length} is longer than the mix, which ends at {first.length}")
+        if isinstance(self.length, bool) or not isinstance(self.length, (int, np.integer)) or self.length < 1:
+            raise ValueError(f"length must be an int >= 1, got {length!r} (the mix has {self.length} positions)")
+        self.length = int(self.length)
+
+    def _mean_lengths(self, tokens: Sequence[int] | None) -> list[float]:
+        if tokens is not None:
+            if len(tokens) != len(self.sources):
+                raise ValueError(f"tokens has {len(tokens)} entries but there are {len(self.sources)} sources")
+            totals = [int(t) for t in tokens]
+        else:
+            totals = [
+                int(lengths_of(src, np.arange(n), f"source {i}").sum()) for i, (src, n) in enumerate(zip(self.sources, self.sizes))
+            ]
+        return [t / n if n else 0.0 for t, n in zip(totals, self.sizes)]
+
+    def _mix(self, epoch: int) -> WeightedMix:
+        mix = self._mixes.get(epoch)
+        if mix is None:
+            mix = WeightedMix(self.sizes, self._schedule, seed=self.seed, epoch=epoch, mode=self.exhausted)
+            self._mixes[epoch] = mix
+            if len(self._mixes) > 2:
+                self._mixes.popitem(last=False)
+        return mix
+
+    def _locate(self, position: int) -> tuple[WeightedMix, int]:
+        if isinstance(position, bool) or not isinstance(position, (int, np.integer)):
+            raise TypeError(f"a MixedDataset is indexed by an int position, got {type(position).__name__}")
+        if position < 0:
+            raise IndexError(f"position {position} is negative: a mix is indexed from its start")
+        if self.exhausted == "repeat":
+            return self._mix(0), int(position)
+        epoch, at = divmod(int(position), self.length)
+        return self._mix(epoch), at
+
+    def __len__(self) -> int:
+        return self.length
+
+    def source_at(self, position: int) -> tuple[int, int]:
+        """The (source index, sample index) at a position of the mix.
+
+        Args:
+            position: The position (an int >= 0, counted across epochs).
+
+        Raises:
+            IndexError: when `position` is negative.
+            TypeError: when it is not an int.
+        """
+        mix, at = self._locate(position)
+        return mix.mixed_at(at)
+
+    def __getitem__(self, position: int) -> Any:
+        s, j = self.source_at(position)
+        return self.sources[s][j]
+
+    def sources_block(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """The (source, sample) pairs of positions [start, stop) as two int64 arrays, computed
+        together (the same pairs `source_at` gives one by one, far faster).
+
+        Args:
+            start: The first position (>= 0).
+            stop: The position after the last (>= start).
+
+        Raises:
+            IndexError: when the positions are not such a range.
+        """
+        if start < 0 or stop < start:
+            raise IndexError(f"positions [{start}, {stop}) are not a range of a mix")
+        if self.exhausted == "repeat":
+            return self._mix(0).block(start, stop)
+        parts_s, parts_j = [], []
+        p = start
+        while p < stop:
+            epoch, at = divmod(p, self.length)
+            upto = min(stop, (epoch + 1) * self.length)
+            s, j = self._mix(epoch).block(at, at + upto - p)
+            parts_s.append(s)
+            parts_j.append(j)
+            p = upto
+        if not parts_s:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(parts_s), np.concatenate(parts_j)
+
+    def stoker_lengths(self, start: int, stop: int) -> np.ndarray:
+        """The token counts of the documents at positions [start, stop), from the sources'
+        `lengths` arrays where they have them (what `PackedDataset` plans with).
+
+        Args:
+            start: The first position (>= 0).
+            stop: The position after the last.
+
+        Raises:
+            DocumentError: when a source without `lengths` holds a document that is not a 1-D
+                integer array.
+        """
+        s, j = self.sources_block(start, stop)
+        out = np.empty(len(s), np.int64)
+        for src in np.unique(s).tolist():
+            mask = s == src
+            out[mask] = lengths_of(self.sources[src], j[mask], f"source {src}")
+        return out
+
+    def describe_document(self, position: int) -> str:
+        """Words naming the document at `position`, its source and sample, for error messages.
+
+        Args:
+            position: The position (an int >= 0).
+        """
+        s, j = self.source_at(position)
+        return f"the document at mix position {position} (source {s}, sample {j})"
+
+    def weights_at(self, position: int) -> list[float]:
+        """The target shares (in the unit of `weigh`, summing to 1) in force at a position.
+
+        Args:
+            position: The position (an int >= 0).
+        """
+        _, at = self._locate(position)
+        starts = [start for start, _ in self.schedule]
+        w = self.schedule[bisect.bisect_right(starts, at) - 1][1]
+        total = sum(w)
+        return [x / total for x in w]
+
+    def _mean_target(self, start: int, stop: int) -> list[float]:
+        """The schedule's shares averaged over positions [start, stop)."""
+        total = np.zeros(len(self.sources))
+        step = max(1, (stop - start) // 4096)
+        points = range(start, stop, step)
+        for p in points:
+            total += np.asarray(self.weights_at(p))
+        return (total / max(1, len(points))).tolist()
+
+    def proportions(self, start: int = 0, stop: int | None = None) -> dict[str, Any]:
+        """What the mix gives over positions [start, stop): each source's documents and
+        document shares, its tokens and token shares (when every source has a `lengths` array,
+        or `weigh="tokens"`), and the schedule's target shares averaged over the range.
+
+        Args:
+            start: The first position. Defaults to 0.
+            stop: The position after the last. None means one epoch from `start`. Defaults
+                to None.
+
+        Returns:
+            A dict with `positions`, `documents`, `document_shares`, `target_shares`, `weigh`
+            and, where known, `tokens` and `token_shares`.
+        """
+        stop = start + self.length if stop is None else stop
+        s, _ = self.sources_block(start, stop)
+        docs = np.bincount(s, minlength=len(self.sources))
+        out: dict[str, Any] = {
+            "positions": int(stop - start),
+            "documents": docs.tolist(),
+            "document_shares": (docs / max(1, docs.sum())).tolist(),
+            "target_shares": self._mean_target(start, stop),
+            "weigh": self.weigh,
+        }
+        if self.weigh == "tokens" or all(isinstance(getattr(x, "lengths", None), np.ndarray) for x in self.sources):
+            toks = np.bincount(s, weights=self.stoker_lengths(start, stop), minlength=len(self.sources))
+            out["tokens"] = [int(t) for t in toks]
+            out["token_shares"] = (toks / max(1.0, toks.sum())).tolist()
+        return out
+
+    def max_deviation(self, start: int, stop: int, window: int = 1000) -> float:
+        """The largest |count_s - window * q_s| over every run of `window` consecutive positions
+        in [start, stop) that lies under one weight vector; q_s are the document shares the mix
+        follows (after the token conversion with `weigh="tokens"`). The documented bound is
+        1 + q_s (S' - 2).
+
+        Args:
+            start: The first position (within one epoch of a "stop"/"end" mix).
+            stop: The position after the last.
+            window: The run length. Defaults to 1000.
+        """
+        mix, at = self._locate(start)
+        s, _ = self.sources_block(start, stop)
+        if len(s) < window:
+            return 0.0
+        onehot = np.zeros((len(s) + 1, len(self.sources)), np.int64)
+        onehot[np.arange(1, len(s) + 1), s] = 1
+        cum = np.cumsum(onehot, axis=0)
+        counts = cum[window:] - cum[:-window]  # row a: the window starting at offset a
+        first = at + np.arange(len(counts))  # mix positions the windows start at
+        piece = np.searchsorted(mix.starts, first, side="right") - 1
+        ends = np.asarray([*mix.starts[1:], np.iinfo(np.int64).max], np.int64)
+        inside = first + window <= ends[piece]
+        shares = np.asarray([np.asarray(w, np.float64) / sum(w) for w in mix.weights])
+        dev = np.abs(counts - window * shares[piece])[inside]
+        return float(dev.max()) if dev.size else 0.0
+
+    def stoker_describe(self) -> dict[str, Any]:
+        """What a loader state saved over this dataset must agree on (see `StreamSampler`)."""
+        return {
+            "sizes": self.sizes,
+            "schedule_starts": [start for start, _ in self.schedule],
+            "weights": [w for _, w in self.schedule],
+            "weigh": self.weigh,
+            "exhausted": self.exhausted,
+            "seed": self.seed,
+            "length": self.length,
+        }
+
+    def stoker_doctor_lines(self, start: int = 0, stop: int | None = None) -> list[str]:
+        """The lines `stoker doctor` prints for this dataset: the achieved and target shares
+        and the largest deviation over runs of 1,000 positions.
+
+        Args:
+            start: The first position. Defaults to 0.
+            stop: The position after the last. None means one epoch. Defaults to None.
+        """
+        got = self.proportions(start, stop)
+        shares = got.get("token_shares") if self.weigh == "tokens" else got["document_shares"]
+        pairs = ", ".join(f"{a:.3f}/{b:.3f}" for a, b in zip(shares or [], got["target_shares"]))
+        window = min(1000, got["positions"])
+        dev = self.max_deviation(start, start + min(got["positions"], 20_000), window)
+        return [
+            f"mix: {len(self.sources)} sources, weighed by {self.weigh}; over positions [{start}, "
+            f"{start + got['positions']}): achieved/target shares {pairs}; largest deviation over "
+            f"windows of {window} positions {dev:.2f} documents"
+        ]
+
+    def __repr__(self) -> str:
+        return f"MixedDataset({len(self.sources)} sources, weigh={self.weigh!r}, exhausted={self.exhausted!r}, length={self.length})"
+
+
+def _token_to_document_weights(weights: Sequence[Any], means: Sequence[float]) -> list[int]:
+    shares = []
+    for i, (w, m) in enumerate(zip(weights, means)):
+        w = float(w)
+        if w > 0 and m <= 0:
+            raise ValueError(f"source {i} has a positive token weight but no tokens")
+        shares.append(w / m if w > 0 else 0.0)
+    total = sum(shares)
+    ints = [max(1, round(x / total * TOKEN_RESOLUTION)) if x > 0 else 0 for x in shares]
+    return ints

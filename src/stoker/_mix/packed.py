@@ -1,0 +1,363 @@
+"""`PackedDataset` (documents packed into rows, addressed by window and row), `collate_packed`,
+and `StreamSampler`, which walks a stream dataset epoch after epoch.
+
+Every `stoker.mix` dataset is a *stream* addressed by position: index p is the p-th item of an endless
+sequence that is a function of the construction arguments alone, and `len()` is the length of
+one epoch. `StreamSampler` gives epoch e the positions [e * len, (e + 1) * len), split over ranks
+as `DistributedSampler` splits its order, so a loader's `state_dict()` resumes on another world
+size through the elastic path every stoker sampler has.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence, Sized
+from typing import Any
+
+import numpy as np
+
+from .._data.datasets import Dataset
+from .._data.distributed import DistributedSampler
+from .packing import LONG, METHODS, Row, build_row, check_seq_len, check_window_size, plan_window
+from .tokens import _check_document, lengths_of
+
+_PLANS_KEPT = 16  # window plans a process keeps (rows of the windows it is reading now)
+_GROW = 32  # windows planned in one step when the window table grows
+
+
+class _Stream:
+    """The document stream a PackedDataset packs: a MixedDataset's positions as they are, any
+    other dataset's documents in order, cycled (position p is document p % len)."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+        self.positional = callable(getattr(dataset, "stoker_lengths", None))
+        self.size = len(dataset)
+        if self.size < 1:
+            raise ValueError("the dataset to pack has no documents")
+
+    def lengths(self, start: int, stop: int) -> np.ndarray:
+        if self.positional:
+            return np.asarray(self.dataset.stoker_lengths(start, stop), dtype=np.int64)
+        return lengths_of(self.dataset, np.arange(start, stop) % self.size)
+
+    def where(self, p: int) -> str:
+        describe = getattr(self.dataset, "describe_document", None)
+        if describe is not None:
+            return str(describe(p))
+        return f"document {p % self.size} of the dataset"
+
+    def get(self, p: int) -> np.ndarray:
+        doc = self.dataset[p if self.positional else p % self.size]
+        return _check_document(doc, self.where(p))
+
+
+class PackedDataset(Dataset[dict[str, Any]]):
+    """Variable-length documents packed into rows of `seq_len` tokens, as a map-style dataset.
+
+    The document stream (a `MixedDataset`'s positions, or any dataset of documents read in
+    order and cycled) is cut into fixed windows of `window_size` (K) documents; each window is
+    packed on its own, from its documents' lengths alone, so a row is addressed by (window,
+    row) and any process can make any row. Rows are numbered window after window: index g is
+    the g-th row of an endless packed stream that depends only on the document stream, K,
+    `seq_len`, `method` and `long` (the same on any number of workers and ranks).
+    `len(ds)` is the epoch length in rows; `StreamSampler` walks the stream epoch after epoch.
+
+    A row is a dict of numpy arrays (torch tensors with `tensors=True`):
+
+    - `input_ids` (int64, seq_len): the documents' tokens back to back, then `pad_id`.
+    - `position_ids` (int32, seq_len): 0, 1, 2, ... restarting at each document; 0 on padding.
+    - `segment_ids` (int32, seq_len): 1, 2, ... per document in the row; 0 on padding.
+    - `cu_seqlens` (int32, documents + 1): 0 then the cumulative document lengths, as
+      variable-length attention kernels take them; the padding tail is not a segment.
+      It varies in length: batch rows with `collate_packed`.
+    - `max_seqlen` (int): the longest document in the row.
+    - `labels` (int64, seq_len): `input_ids` with -100 at each document's first token and on
+      padding.
+
+    Planning reads lengths, not tokens: a `TokenDataset` (or a `MixedDataset` of them) gives
+    them for free; any other dataset's documents are read once more to be measured. To find
+    row g a process plans every window before it once (lengths only) and keeps the table of
+    rows per window.
+
+    Args:
+        dataset: The documents: a map-style dataset of 1-D integer arrays (a `MixedDataset`,
+            a `TokenDataset`, or any other).
+        seq_len: The row length in tokens (int >= 1).
+        window_size: K, the documents packed together (int >= 1). Larger K packs tighter (see
+            the guide's table) and plans a little more per row. Defaults to 1024.
+        method: "best_fit" (longest first, each into the fullest row it fits) or "greedy"
+            (first-fit in stream order). Defaults to "best_fit".
+        long: What to do with a document longer than `seq_len`: "split" (into full rows and a
+            last piece packed like a document) or "drop". No other document is ever split.
+            Defaults to "split".
+        pad_id: The token id of padding. Defaults to 0.
+        rows_per_epoch: The epoch length in rows. None means the rows that the windows
+            covering the first len(dataset) documents make (planned at construction).
+            Defaults to None.
+        tensors: Give torch tensors instead of numpy arrays (torch needed). Defaults to False.
+
+    Raises:
+        TypeError: when `seq_len`, `window_size` or `rows_per_epoch` is not an int.
+        ValueError: when one is < 1, `method` or `long` is not an accepted value, or the
+            dataset is empty.
+        DocumentError: (when a row is made or measured) a document that is not a 1-D integer
+            array, naming its source and index.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        seq_len: int,
+        *,
+        window_size: int = 1024,
+        method: str = "best_fit",
+        long: str = "split",
+        pad_id: int = 0,
+        rows_per_epoch: int | None = None,
+        tensors: bool = False,
+    ) -> None:
+        self.seq_len = check_seq_len(seq_len)
+        self.window_size = check_window_size(window_size)
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if long not in LONG:
+            raise ValueError(f"long must be one of {LONG}, got {long!r}")
+        self.method, self.long, self.pad_id, self.tensors = method, long, int(pad_id), bool(tensors)
+        self.dataset = dataset
+        self._stream = _Stream(dataset)
+        self._rows: list[int] = []  # rows of each window planned so far
+        self._cum: list[int] = [0]  # rows before each window
+        self._tokens: list[int] = []  # real tokens of each window planned so far
+        self._plans: OrderedDict[int, list[Row]] = OrderedDict()
+        if rows_per_epoch is None:
+            windows = math.ceil(self._stream.size / self.window_size)
+            self._grow_to_window(windows)
+            rows_per_epoch = self._cum[windows]
+        elif isinstance(rows_per_epoch, bool) or not isinstance(rows_per_epoch, (int, np.integer)):
+            raise TypeError(f"rows_per_epoch must be an int, got {type(rows_per_epoch).__name__}")
+        if rows_per_epoch < 1:
+            raise ValueError(f"rows_per_epoch must be >= 1, got {rows_per_epoch}")
+        self.rows_per_epoch = int(rows_per_epoch)
+
+    def __len__(self) -> int:
+        return self.rows_per_epoch
+
+    def _plan(self, window: int, lengths: np.ndarray | None = None) -> list[Row]:
+        plan = self._plans.get(window)
+        if plan is not None:
+            self._plans.move_to_end(window)
+            return plan
+        if lengths is None:
+            start = window * self.window_size
+            lengths = self._stream.lengths(start, start + self.window_size)
+        plan = plan_window(lengths, self.seq_len, self.method, self.long)  # type: ignore[arg-type]
+        self._plans[window] = plan
+        if len(self._plans) > _PLANS_KEPT:
+            self._plans.popitem(last=False)
+        return plan
+
+    def _grow_to_window(self, windows: int) -> None:
+        """Plan windows until the table covers the first `windows` of them."""
+        K = self.window_size
+        while len(self._rows) < windows:
+            first = len(self._rows)
+            count = max(1, min(_GROW, windows - first))
+            lengths = self._stream.lengths(first * K, (first + count) * K)
+            for n in range(count):
+                plan = self._plan(first + n, lengths[n * K : (n + 1) * K])
+                self._rows.append(len(plan))
+                self._tokens.append(sum(e - s for row in plan for _, s, e in row))
+                self._cum.append(self._cum[-1] + len(plan))
+
+    def locate(self, row: int) -> tuple[int, int]:
+        """The (window, row within the window) of a row of the packed stream.
+
+        Args:
+            row: The row (an int >= 0, counted across epochs).
+
+        Raises:
+            IndexError: when `row` is negative.
+            TypeError: when it is not an int.
+        """
+        if isinstance(row, bool) or not isinstance(row, (int, np.integer)):
+            raise TypeError(f"a PackedDataset is indexed by an int row, got {type(row).__name__}")
+        if row < 0:
+            raise IndexError(f"row {row} is negative: packed rows are numbered from the stream's start")
+        while self._cum[-1] <= row:
+            before = len(self._rows)
+            self._grow_to_window(before + _GROW)
+            if self._cum[-1] == self._cum[before] and len(self._rows) > before + 4 * _GROW:
+                raise ValueError("the document stream gives no rows (every document is empty or dropped)")
+        window = bisect.bisect_right(self._cum, row) - 1
+        return window, int(row) - self._cum[window]
+
+    def pieces(self, row: int) -> list[tuple[int, int, int]]:
+        """What a row holds: (stream position, start, end) of each document piece in it, in
+        the order the row holds them.
+
+        Args:
+            row: The row (an int >= 0).
+        """
+        window, r = self.locate(row)
+        base = window * self.window_size
+        return [(base + d, s, e) for d, s, e in self._plan(window)[r]]
+
+    def __getitem__(self, row: int) -> dict[str, Any]:
+        pieces = self.pieces(row)
+        docs: dict[int, np.ndarray] = {}
+        for p, _, e in pieces:
+            if p not in docs:
+                doc = self._stream.get(p)
+                if len(doc) < e:
+                    raise ValueError(f"{self._stream.where(p)} has {len(doc)} tokens, but its length was given as at least {e}")
+                docs[p] = doc
+        keys = list(docs)
+        fields = build_row([docs[k] for k in keys], [(keys.index(p), s, e) for p, s, e in pieces], self.seq_len, self.pad_id)
+        if self.tensors:
+            import torch
+
+            return {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in fields.items()}
+        return fields
+
+    def utilisation(self) -> float:
+        """Real tokens over row tokens (rows x seq_len) of the windows planned so far."""
+        rows = sum(self._rows)
+        return sum(self._tokens) / (rows * self.seq_len) if rows else 0.0
+
+    def stoker_describe(self) -> dict[str, Any]:
+        """What a loader state saved over this dataset must agree on (see `StreamSampler`)."""
+        inner = getattr(self.dataset, "stoker_describe", None)
+        out = {
+            "seq_len": self.seq_len,
+            "window_size": self.window_size,
+            "method": self.method,
+            "long": self.long,
+            "rows_per_epoch": self.rows_per_epoch,
+            "documents": self._stream.size,
+        }
+        if inner is not None:
+            out.update({f"mix.{k}": v for k, v in inner().items()})
+        return out
+
+    def stoker_doctor_lines(self) -> list[str]:
+        """The doctor's lines: packing utilisation over the first epoch, then the mix's."""
+        windows = self.locate(self.rows_per_epoch - 1)[0] + 1
+        rows, tokens = sum(self._rows[:windows]), sum(self._tokens[:windows])
+        lines = [
+            f"packing: {self.method}, seq_len {self.seq_len}, {self.window_size} documents a window: "
+            f"{rows:,} rows from {windows:,} windows, utilisation {tokens / (rows * self.seq_len):.4f} "
+            "(real tokens over row tokens)"
+        ]
+        inner = getattr(self.dataset, "stoker_doctor_lines", None)
+        if inner is not None:
+            lines.extend(inner(0, windows * self.window_size))
+        return lines
+
+    def __repr__(self) -> str:
+        return f"PackedDataset(seq_len={self.seq_len}, window_size={self.window_size}, method={self.method!r}, rows_per_epoch={self.rows_per_epoch})"
+
+
+def collate_packed(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Batch packed rows: fixed-size fields stacked to (batch, seq_len); `cu_seqlens` for the
+    batch flattened to batch * seq_len tokens, where each row's padding tail (if any) is a
+    segment of its own so that the boundaries stay contiguous (its labels are -100);
+    `max_seqlen` the longest segment. numpy rows give numpy, torch rows torch tensors.
+
+    Args:
+        rows: `PackedDataset` rows, all of the same `seq_len`.
+
+    Raises:
+        ValueError: when `rows` is empty or the rows' lengths differ.
+    """
+    if not rows:
+        raise ValueError("collate_packed needs at least one row")
+    torch_rows = not isinstance(rows[0]["input_ids"], np.ndarray)
+
+    def arr(x: Any) -> np.ndarray:
+        return x if isinstance(x, np.ndarray) else x.numpy()
+
+    seq_len = len(rows[0]["input_ids"])
+    bounds = [0]
+    for n, row in enumerate(rows):
+        if len(row["input_ids"]) != seq_len:
+            raise ValueError(f"row {n} has {len(row['input_ids'])} tokens, row 0 has {seq_len}")
+        cu = arr(row["cu_seqlens"]).astype(np.int64)
+        base = n * seq_len
+        bounds.extend((base + cu[1:]).tolist())
+        if cu[-1] < seq_len:
+            bounds.append(base + seq_len)
+    cu_all = np.asarray(bounds, dtype=np.int32)
+    out: dict[str, Any] = {
+        k: np.stack([arr(row[k]) for row in rows]) for k in ("input_ids", "position_ids", "segment_ids", "labels")
+    }
+    out["cu_seqlens"] = cu_all
+    out["max_seqlen"] = int(np.diff(cu_all).max()) if len(cu_all) > 1 else 0
+    if torch_rows:
+        import torch
+
+        out = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in out.items()}
+    return out
+
+
+class StreamSampler(DistributedSampler):
+    """The positions of a stream dataset (`MixedDataset`, `PackedDataset`) epoch after epoch,
+    split over ranks.
+
+    Epoch e (`set_epoch`) gives the positions [e * len(dataset), (e + 1) * len(dataset)) in
+    order; rank r takes the r-th, (r + world)-th, ... of them, as `DistributedSampler` splits
+    its order (padding the tail with the epoch's first positions, or dropping it). The global
+    sequence does not depend on the number of ranks or workers, so a loader's `state_dict()`
+    resumes exactly on another world size (the rest of the epoch is what no old rank took),
+    and a state saved over another stream (other sources, weights, schedule, seq_len, K, ...)
+    is refused with what differs.
+
+    Args:
+        dataset: The stream dataset.
+        num_replicas: The number of ranks. None means torch.distributed's world size when it
+            is initialised, else `WORLD_SIZE`, else 1. Defaults to None.
+        rank: This rank. None means torch.distributed's rank, else `RANK`, else 0. Defaults
+            to None.
+        drop_last: Drop the tail that does not divide evenly by `num_replicas` instead of
+            padding it. Defaults to False.
+
+    Raises:
+        ValueError: as `DistributedSampler` (num_replicas, rank).
+    """
+
+    def __init__(
+        self,
+        dataset: Sized,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        drop_last: bool = False,
+    ) -> None:
+        super().__init__(dataset, num_replicas, rank, shuffle=False, seed=0, drop_last=drop_last)
+
+    def _order(self) -> list[int]:
+        n = len(self.dataset)
+        return list(range(self.epoch * n, (self.epoch + 1) * n))
+
+    def _iter_from(self, skip: int) -> Iterator[int]:
+        indices = super()._iter_from(skip)
+        locate = getattr(self.dataset, "locate", None)
+        if locate is None:
+            return indices
+        first = next(indices, None)
+        if first is None:
+            return iter(())
+        # drawn in the loader's process before its workers fork: the window table it plans
+        # here (every window before `first`, lengths only) is inherited, not planned again
+        locate(first)
+        return itertools.chain([first], indices)
+
+    def stoker_describe(self) -> dict[str, Any]:
+        """The stream's description, which a loader's state records and checks."""
+        describe = getattr(self.dataset, "stoker_describe", None)
+        return dict(describe()) if describe is not None else {}
+
+    def __iter__(self) -> Iterator[int]:
+        return self._iter_from(0)
