@@ -385,3 +385,28 @@ def test_doctor_lines_report_shares_and_utilisation() -> None:
     assert "utilisation 0.9" in lines[0]
     assert lines[1].startswith("mix: 3 sources, weighed by tokens")
     assert stream_lines(object()) == []
+
+
+@pytest.mark.timeout(120)
+def test_thread_and_spawn_workers_give_the_rows_of_the_main_process() -> None:
+    serial = ids(list(make(workers=0)))
+    loader = make()
+    threads = stoker.DataLoader(loader.dataset, batch_size=4, sampler=loader.sampler, collate_fn=collate_packed,
+                                num_workers=2, thread_pool=True)
+    assert ids(list(threads)) == serial
+    fresh = make()  # pickled into a spawned worker (its lock is not: a new one is made there)
+    spawned = stoker.DataLoader(fresh.dataset, batch_size=4, sampler=fresh.sampler, collate_fn=collate_packed,
+                                num_workers=1, multiprocessing_context="spawn")
+    assert ids(list(spawned)) == serial
+
+
+def test_a_stream_that_packs_into_no_rows_is_an_error_not_a_hang() -> None:
+    empty = TokenDataset.from_documents([np.zeros(0, np.int64)] * 10)
+    with pytest.raises(ValueError, match="the first 10 documents pack into no rows: every one is empty"):
+        PackedDataset(empty, seq_len=8, window_size=4)
+    packed = PackedDataset(empty, seq_len=8, window_size=4, rows_per_epoch=5)
+    with pytest.raises(ValueError, match="row 0 is past the end of the packed stream"):
+        packed[0]
+    long = TokenDataset.from_documents([np.arange(1, 20)] * 10)
+    with pytest.raises(ValueError, match=r"or longer than seq_len 8 \(long='drop'\)"):
+        PackedDataset(long, seq_len=8, window_size=4, long="drop")

@@ -135,9 +135,11 @@ class MixedDataset(Dataset[Any]):
         mix = self._mixes.get(epoch)
         if mix is None:
             mix = WeightedMix(self.sizes, self._schedule, seed=self.seed, epoch=epoch, mode=self.exhausted)
-            self._mixes[epoch] = mix
-            if len(self._mixes) > 2:
-                self._mixes.popitem(last=False)
+            mixes = OrderedDict(self._mixes)  # replaced whole: thread workers may be reading it
+            mixes[epoch] = mix
+            if len(mixes) > 2:
+                mixes.popitem(last=False)
+            self._mixes = mixes
         return mix
 
     def _locate(self, position: int) -> tuple[WeightedMix, int]:

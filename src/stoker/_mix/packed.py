@@ -13,6 +13,9 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import os
+import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence, Sized
 from typing import Any
@@ -23,6 +26,18 @@ from .._data.datasets import Dataset
 from .._data.distributed import DistributedSampler
 from .packing import LONG, METHODS, Row, build_row, check_seq_len, check_window_size, plan_window
 from .tokens import _check_document, lengths_of
+
+# A fork while another thread holds a dataset's lock would leave the child's copy locked forever.
+_LOCKED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _new_locks() -> None:
+    for dataset in list(_LOCKED):
+        dataset._lock = threading.RLock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_locks)
 
 _PLANS_KEPT = 16  # window plans a process keeps (rows of the windows it is reading now)
 _GROW = 32  # windows planned in one step when the window table grows
@@ -133,10 +148,17 @@ class PackedDataset(Dataset[dict[str, Any]]):
         self._cum: list[int] = [0]  # rows before each window
         self._tokens: list[int] = []  # real tokens of each window planned so far
         self._plans: OrderedDict[int, list[Row]] = OrderedDict()
+        self._lock = threading.RLock()  # thread workers share the table and the plans
+        _LOCKED.add(self)
         if rows_per_epoch is None:
             windows = math.ceil(self._stream.size / self.window_size)
             self._grow_to_window(windows)
             rows_per_epoch = self._cum[windows]
+            if rows_per_epoch < 1:
+                raise ValueError(
+                    f"the first {self._stream.size} documents pack into no rows: every one is empty"
+                    + (f" or longer than seq_len {self.seq_len} (long='drop')" if self.long == "drop" else "")
+                )
         elif isinstance(rows_per_epoch, bool) or not isinstance(rows_per_epoch, (int, np.integer)):
             raise TypeError(f"rows_per_epoch must be an int, got {type(rows_per_epoch).__name__}")
         if rows_per_epoch < 1:
@@ -146,7 +168,21 @@ class PackedDataset(Dataset[dict[str, Any]]):
     def __len__(self) -> int:
         return self.rows_per_epoch
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.RLock()
+        _LOCKED.add(self)
+
     def _plan(self, window: int, lengths: np.ndarray | None = None) -> list[Row]:
+        with self._lock:
+            return self._plan_locked(window, lengths)
+
+    def _plan_locked(self, window: int, lengths: np.ndarray | None) -> list[Row]:
         plan = self._plans.get(window)
         if plan is not None:
             self._plans.move_to_end(window)
@@ -162,6 +198,10 @@ class PackedDataset(Dataset[dict[str, Any]]):
 
     def _grow_to_window(self, windows: int) -> None:
         """Plan windows until the table covers the first `windows` of them."""
+        with self._lock:
+            self._grow_locked(windows)
+
+    def _grow_locked(self, windows: int) -> None:
         K = self.window_size
         while len(self._rows) < windows:
             first = len(self._rows)
@@ -187,13 +227,20 @@ class PackedDataset(Dataset[dict[str, Any]]):
             raise TypeError(f"a PackedDataset is indexed by an int row, got {type(row).__name__}")
         if row < 0:
             raise IndexError(f"row {row} is negative: packed rows are numbered from the stream's start")
-        while self._cum[-1] <= row:
-            before = len(self._rows)
-            self._grow_to_window(before + _GROW)
-            if self._cum[-1] == self._cum[before] and len(self._rows) > before + 4 * _GROW:
-                raise ValueError("the document stream gives no rows (every document is empty or dropped)")
-        window = bisect.bisect_right(self._cum, row) - 1
-        return window, int(row) - self._cum[window]
+        with self._lock:
+            empty_from = len(self._rows)  # the stream must give a row within one pass of its documents
+            while self._cum[-1] <= row:
+                before = len(self._rows)
+                self._grow_locked(before + _GROW)
+                if self._cum[-1] > self._cum[before]:
+                    empty_from = len(self._rows)
+                elif (len(self._rows) - empty_from) * self.window_size > self._stream.size + self.window_size:
+                    raise ValueError(
+                        f"row {row} is past the end of the packed stream: a whole pass of the "
+                        f"{self._stream.size} documents after row {self._cum[-1] - 1} gives no row"
+                    )
+            window = bisect.bisect_right(self._cum, row) - 1
+            return window, int(row) - self._cum[window]
 
     def pieces(self, row: int) -> list[tuple[int, int, int]]:
         """What a row holds: (stream position, start, end) of each document piece in it, in
