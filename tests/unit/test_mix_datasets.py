@@ -410,3 +410,36 @@ def test_a_stream_that_packs_into_no_rows_is_an_error_not_a_hang() -> None:
     long = TokenDataset.from_documents([np.arange(1, 20)] * 10)
     with pytest.raises(ValueError, match=r"or longer than seq_len 8 \(long='drop'\)"):
         PackedDataset(long, seq_len=8, window_size=4, long="drop")
+
+
+class _KillsOnce(TokenDataset):
+    """A source whose worker is SIGKILLed the first time it reads document 5 (a flag file
+    says it happened, so the restarted worker reads on)."""
+
+    flag = ""
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        import os
+        import signal
+
+        if index == 5 and not os.path.exists(self.flag):
+            open(self.flag, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(index)
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_worker_is_replaced_and_the_rows_are_the_same(tmp_path: object) -> None:
+    srcs = corpus()
+    killer = _KillsOnce(srcs[1].tokens, srcs[1].offsets)
+    killer.flag = str(tmp_path) + "/killed"
+
+    def loader(sources: list[TokenDataset], workers: int) -> stoker.DataLoader:
+        mix = MixedDataset(sources, [0.5, 0.3, 0.2], seed=2)
+        rows = PackedDataset(mix, seq_len=512, window_size=64)
+        return stoker.DataLoader(rows, batch_size=4, sampler=StreamSampler(rows), collate_fn=collate_packed,
+                                 num_workers=workers, max_worker_restarts=2)
+
+    expected = ids(list(loader(srcs, 0)))
+    with pytest.warns(stoker.WorkerRestartWarning, match="killed by signal SIGKILL"):
+        assert ids(list(loader([srcs[0], killer, srcs[2]], 2))) == expected
