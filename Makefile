@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/kept_fields.py
 	$(PY) benchmarks/trainer_step.py
 	$(PY) benchmarks/shards_bench.py
+	$(PY) benchmarks/mix_bench.py
 
 # The documentation site (docs/, mkdocs.yml) into build/site. --strict: a broken link or anchor,
 # a page left out of the nav, an unresolved API reference or a missing snippet fails.

@@ -1,0 +1,416 @@
+"""The mixing and packing benchmark (issue 34): `python benchmarks/mix_bench.py [options]`.
+
+The corpus is real text available offline: the Python files, type stubs and text files of the
+packages installed beside stoker, in three sources ("code": library .py files, "tests": .py
+files under test folders, "stubs+text": .pyi, .md, .rst and .txt). Files are taken in a fixed
+pseudo-random order (a hash of their path) up to a byte cap per source, each file one document,
+and tokenised by a byte-level BPE (`tokenizers`, vocabulary 8,192) trained on a sample of the
+corpus: byte-level BPE keeps every byte, and its lengths are those of a language model's
+documents (bytes alone would make the documents ~3x longer). The tokens are cached under
+build/mixbench/ (keyed by the caps and the installed files).
+
+Rows (all measured in this run):
+- the document-length distribution of each source;
+- packing utilisation (real tokens over row tokens) for stoker's greedy and best-fit and Grain's
+  first-fit and best-fit packers at seq_len 2,048 and 8,192 against the window size K (stoker:
+  windows of K documents; Grain: K packing bins). Documents longer than seq_len are split into
+  seq_len pieces for both (Grain refuses longer inputs), and the same pieces in the same order
+  are packed by both;
+- row tokens per second: stoker's MixedDataset -> PackedDataset through stoker.DataLoader at 0
+  and 2 workers, and Grain's mix -> BestFitPackIterDataset -> batch in one thread (and with 2
+  worker processes, `mp_prefetch`), at seq_len 2,048, batch 8;
+- the mix's largest deviation from its weights over windows of 1,000 consecutive documents:
+  stoker's MixedDataset, Grain's `MapDataset.mix`, torchdata.nodes' `MultiNodeWeightedSampler`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import os
+import sys
+import sysconfig
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SOURCES = ("code", "tests", "stubs+text")
+CAPS_MB = (24.0, 12.0, 12.0)
+VOCAB = 8192
+SEQ_LENS = (2048, 8192)
+WINDOWS = (64, 256, 1024, 4096)
+WEIGHTS = (0.5, 0.3, 0.2)
+BATCH = 8
+DEVIATION_WINDOW = 1000
+
+
+def _source_of(path: Path) -> int | None:
+    name = path.name
+    if name.endswith(".py"):
+        parts = set(path.parts)
+        return 1 if parts & {"test", "tests", "testing"} or name.startswith("test_") else 0
+    if name.endswith((".pyi", ".md", ".rst", ".txt")):
+        return 2
+    return None
+
+
+def _order_key(path: Path) -> str:
+    return hashlib.sha1(str(path).encode()).hexdigest()
+
+
+def collect(root: Path, caps_mb: Sequence[float]) -> list[list[Path]]:
+    """Each source's files in hash order, up to its byte cap; files over 1 MiB are left out (a
+    few generated tables)."""
+    found: list[list[Path]] = [[] for _ in SOURCES]
+    for path in root.rglob("*"):
+        s = _source_of(path)
+        if s is not None and path.is_file():
+            found[s].append(path)
+    out = []
+    for s, files in enumerate(found):
+        files.sort(key=_order_key)
+        taken, size = [], 0
+        for p in files:
+            n = p.stat().st_size
+            if n == 0 or n > 1 << 20:
+                continue
+            taken.append(p)
+            size += n
+            if size >= caps_mb[s] * 1e6:
+                break
+        out.append(taken)
+    return out
+
+
+def byte_tokens(text: str) -> np.ndarray:
+    """The byte-level tokeniser: UTF-8 bytes as ids 1-256 (0 is padding)."""
+    return np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int32) + 1
+
+
+def tokenise(files: list[list[Path]], cache: Path, vocab: int = VOCAB) -> tuple[list[list[np.ndarray]], str]:
+    """Every file as a document of BPE token ids (ids + 1: 0 is padding); cached."""
+    key = hashlib.sha1(json.dumps([[str(p) for p in f] for f in files] + [vocab]).encode()).hexdigest()[:16]
+    path = cache / f"corpus-{key}.npz"
+    if path.exists():
+        data = np.load(path)
+        docs = []
+        for s in range(len(files)):
+            tokens, offsets = data[f"t{s}"], data[f"o{s}"]
+            docs.append([tokens[a:b] for a, b in itertools.pairwise(offsets.tolist())])
+        return docs, f"BPE {vocab} (cached {path.name})"
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    texts = [[p.read_bytes().decode("utf-8", "replace") for p in f] for f in files]
+    sample = [t for source in texts for t in source[: max(1, len(source) // 4)]]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator(sample, trainer)
+    docs = []
+    arrays: dict[str, np.ndarray] = {}
+    for s, source in enumerate(texts):
+        enc = tok.encode_batch(source)
+        ids = [np.asarray(e.ids, np.int32) + 1 for e in enc]
+        docs.append(ids)
+        arrays[f"t{s}"] = np.concatenate(ids) if ids else np.zeros(0, np.int32)
+        arrays[f"o{s}"] = np.concatenate([[0], np.cumsum([len(x) for x in ids])]).astype(np.int64)
+    cache.mkdir(parents=True, exist_ok=True)
+    np.savez(path, **arrays)  # type: ignore[arg-type]
+    return docs, f"BPE {vocab} (trained on a quarter of each source's files)"
+
+
+def length_table(docs: list[list[np.ndarray]]) -> list[str]:
+    out = ["source        docs   tokens      mean    p10    p50    p90    p99     max  >2048  >8192"]
+    for name, source in zip(SOURCES, docs):
+        n = np.array([len(d) for d in source])
+        p = np.percentile(n, [10, 50, 90, 99]).astype(int)
+        out.append(
+            f"{name:<11} {len(n):>6} {int(n.sum()):>8,} {n.mean():>9.0f} {p[0]:>6} {p[1]:>6} {p[2]:>6} {p[3]:>6} "
+            f"{int(n.max()):>7} {100 * (n > 2048).mean():>5.1f}% {100 * (n > 8192).mean():>5.1f}%"
+        )
+    return out
+
+
+# -- utilisation ------------------------------------------------------------------------------
+
+
+def pieces_of(lengths: np.ndarray, seq_len: int) -> np.ndarray:
+    """Lengths after splitting documents longer than seq_len (as stoker's long="split" and as
+    Grain needs): full pieces from the start, then the rest."""
+    out: list[int] = []
+    for n in lengths.tolist():
+        while n > seq_len:
+            out.append(seq_len)
+            n -= seq_len
+        if n:
+            out.append(n)
+    return np.asarray(out, np.int64)
+
+
+def stoker_utilisation(lengths: np.ndarray, seq_len: int, window: int, method: str) -> tuple[float, int]:
+    from stoker._mix.packing import plan_windows
+
+    plans = plan_windows(lengths, window, seq_len, method, "split")  # type: ignore[arg-type]
+    rows = sum(len(p) for p in plans)
+    tokens = sum(e - s for plan in plans for row in plan for _, s, e in row)
+    return tokens / (rows * seq_len), rows
+
+
+def grain_utilisation(lengths: np.ndarray, seq_len: int, bins: int, method: str) -> tuple[float, int]:
+    import grain
+    import grain.experimental as ge
+
+    pieces = pieces_of(lengths, seq_len)
+    elements = [{"input_ids": np.ones(n, np.int32)} for n in pieces.tolist()]
+    packer = ge.BestFitPackIterDataset if method == "best_fit" else ge.FirstFitPackIterDataset
+    ds = packer(
+        grain.MapDataset.source(elements).to_iter_dataset(),
+        length_struct={"input_ids": seq_len},
+        num_packing_bins=bins,
+        shuffle_bins=False,
+    )
+    rows = tokens = 0
+    for row in ds:
+        rows += 1
+        tokens += int((row["input_ids_segment_ids"] > 0).sum())
+    assert tokens == int(pieces.sum()), (tokens, int(pieces.sum()))
+    return tokens / (rows * seq_len), rows
+
+
+def mixed_lengths(docs: list[list[np.ndarray]], weights: Sequence[float], count: int) -> np.ndarray:
+    """The lengths of the first `count` documents of stoker's token-weighted mix of the sources
+    (the sequence every packer is given)."""
+    from stoker.mix import MixedDataset, TokenDataset
+
+    mix = MixedDataset([TokenDataset.from_documents(s) for s in docs], list(weights), weigh="tokens", seed=0)
+    return mix.stoker_lengths(0, count)
+
+
+# -- throughput --------------------------------------------------------------------------------
+
+
+def stoker_rate(docs: list[list[np.ndarray]], seq_len: int, window: int, workers: int, rows: int) -> float:
+    import stoker
+    from stoker.mix import MixedDataset, PackedDataset, StreamSampler, TokenDataset, collate_packed
+
+    mix = MixedDataset([TokenDataset.from_documents(s) for s in docs], list(WEIGHTS), weigh="tokens", seed=0)
+    packed = PackedDataset(mix, seq_len=seq_len, window_size=window, rows_per_epoch=rows + BATCH)
+    loader = stoker.DataLoader(packed, batch_size=BATCH, sampler=StreamSampler(packed),
+                               collate_fn=collate_packed, num_workers=workers)
+    it = iter(loader)
+    next(it)  # start-up (and the workers' start) outside the timing, for both loaders alike
+    start = time.perf_counter()
+    got = 0
+    for batch in it:
+        got += batch["input_ids"].size
+    return got / (time.perf_counter() - start)
+
+
+def grain_pipeline(docs: list[list[np.ndarray]], seq_len: int, bins: int) -> Any:
+    import grain
+    import grain.experimental as ge
+
+    sources = []
+    for source in docs:
+        pieces = [{"input_ids": d[a : a + seq_len]} for d in source for a in range(0, len(d), seq_len)]
+        sources.append(grain.MapDataset.source(pieces).shuffle(seed=0).repeat())
+    # Grain mixes by elements: the token weights as element weights by mean piece length
+    mean_len = [np.mean([min(len(d), seq_len) for d in source]) for source in docs]
+    weights = [w / m for w, m in zip(WEIGHTS, mean_len)]
+    mixed = grain.MapDataset.mix(sources, weights).to_iter_dataset()
+    packed = ge.BestFitPackIterDataset(
+        mixed, length_struct={"input_ids": seq_len}, num_packing_bins=bins, shuffle_bins=False
+    )
+    return packed.batch(BATCH)
+
+
+def grain_rate(docs: list[list[np.ndarray]], seq_len: int, bins: int, rows: int, workers: int) -> float:
+    import grain
+
+    ds = grain_pipeline(docs, seq_len, bins)
+    if workers:
+        ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
+    it = iter(ds)
+    next(it)  # start-up (and the workers' start) outside the timing, for both loaders alike
+    start = time.perf_counter()
+    got = 0
+    while got < rows * seq_len:
+        got += next(it)["input_ids"].size
+    rate = got / (time.perf_counter() - start)
+    close = getattr(it, "close", None)
+    if close is not None:
+        close()
+    return rate
+
+
+# -- mix deviation -----------------------------------------------------------------------------
+
+
+def deviation(sources: np.ndarray, weights: Sequence[float], window: int) -> float:
+    """The largest |count_s - window * q_s| over every run of `window` consecutive positions."""
+    S = len(weights)
+    q = np.asarray(weights, np.float64) / sum(weights)
+    onehot = np.zeros((len(sources) + 1, S), np.int64)
+    onehot[np.arange(1, len(sources) + 1), sources] = 1
+    cum = np.cumsum(onehot, axis=0)
+    counts = cum[window:] - cum[:-window]
+    return float(np.abs(counts - window * q).max()) if len(counts) else 0.0
+
+
+def stoker_mix_sources(sizes: Sequence[int], weights: Sequence[float], count: int) -> np.ndarray:
+    from stoker.mix import MixedDataset, TokenDataset
+
+    srcs = [TokenDataset.from_documents([np.ones(1, np.int32)] * n) for n in sizes]
+    return MixedDataset(srcs, list(weights), seed=0).sources_block(0, count)[0]
+
+
+def grain_mix_sources(sizes: Sequence[int], weights: Sequence[float], count: int) -> np.ndarray:
+    import grain
+
+    srcs = [grain.MapDataset.range(n).map(lambda i, s=s: s).repeat() for s, n in enumerate(sizes)]
+    mixed = grain.MapDataset.mix(srcs, list(weights))
+    return np.fromiter((mixed[i] for i in range(count)), np.int64, count)
+
+
+def torchdata_mix_sources(sizes: Sequence[int], weights: Sequence[float], count: int) -> np.ndarray:
+    from torchdata.nodes import IterableWrapper, MultiNodeWeightedSampler
+
+    nodes = {str(s): IterableWrapper(itertools.repeat(s)) for s in range(len(sizes))}
+    sampler = MultiNodeWeightedSampler(nodes, {str(s): float(w) for s, w in enumerate(weights)}, seed=0)
+    return np.fromiter(itertools.islice(sampler, count), np.int64, count)
+
+
+def _bound(weights: Sequence[float]) -> float:
+    q = np.asarray(weights, np.float64) / sum(weights)
+    positive = int((q > 0).sum())
+    return float((1 + q * (positive - 2)).max())
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+def _fmt(x: float | None, pct: bool = False) -> str:
+    if x is None:
+        return "-"
+    return f"{100 * x:.1f}%" if pct else f"{x / 1e6:.2f}M"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python benchmarks/mix_bench.py [options]`: build the corpus, run every row, print the
+    tables and write the JSON.
+
+    Args:
+        argv: The options; None means `sys.argv[1:]`. Defaults to None.
+
+    Returns:
+        int: the exit status.
+    """
+    from . import HOME
+
+    parser = argparse.ArgumentParser(prog="benchmarks/mix_bench.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--caps-mb", default=",".join(str(c) for c in CAPS_MB),
+                        help="bytes of files per source, in MB (default %(default)s)")
+    parser.add_argument("--windows", default=",".join(str(k) for k in WINDOWS), help="K values (default %(default)s)")
+    parser.add_argument("--rows", type=int, default=4000, help="rows timed per throughput row (default %(default)s)")
+    parser.add_argument("--mix-positions", type=int, default=200_000, help="positions per mix row (default %(default)s)")
+    parser.add_argument("--quick", action="store_true", help="small caps and counts (a smoke run)")
+    parser.add_argument("--json", default=os.path.join(os.path.dirname(HOME), "build", "mixbench.json"),
+                        help="where the JSON goes (default build/mixbench.json)")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    caps = [float(x) for x in args.caps_mb.split(",")]
+    windows = [int(k) for k in args.windows.split(",")]
+    rows_timed, positions = args.rows, args.mix_positions
+    if args.quick:
+        caps, windows, rows_timed, positions = [0.4, 0.2, 0.2], [16, 64], 200, 20_000
+    report: dict[str, Any] = {"caps_mb": caps, "weights": list(WEIGHTS)}
+
+    began = time.perf_counter()
+    root = Path(sysconfig.get_path("purelib"))
+    files = collect(root, caps)
+    docs, how = tokenise(files, Path(os.path.dirname(HOME)) / "build" / "mixbench")
+    print(f"corpus: {root} - {', '.join(f'{n}: {len(f)} files' for n, f in zip(SOURCES, files))}; "
+          f"tokeniser {how}; {time.perf_counter() - began:.1f} s")
+    for line in length_table(docs):
+        print("  " + line)
+    report["lengths"] = {n: [len(d) for d in s] for n, s in zip(SOURCES, docs)}
+
+    total_docs = sum(len(s) for s in docs)
+    print(f"\npacking utilisation (real tokens / row tokens), the token-weighted mix {'/'.join(map(str, WEIGHTS))} "
+          f"of the first {total_docs:,} documents; long documents split into seq_len pieces for every packer")
+    print("seq_len      K   stoker greedy  stoker best_fit  grain first_fit  grain best_fit  best_fit vs grain")
+    util: list[dict[str, Any]] = []
+    lengths = mixed_lengths(docs, WEIGHTS, total_docs)
+    for seq_len in SEQ_LENS:
+        for k in windows:
+            sg, _ = stoker_utilisation(lengths, seq_len, k, "greedy")
+            sb, _ = stoker_utilisation(lengths, seq_len, k, "best_fit")
+            gf, _ = grain_utilisation(lengths, seq_len, k, "first_fit")
+            gb, _ = grain_utilisation(lengths, seq_len, k, "best_fit")
+            util.append({"seq_len": seq_len, "K": k, "stoker_greedy": sg, "stoker_best_fit": sb,
+                         "grain_first_fit": gf, "grain_best_fit": gb})
+            print(f"{seq_len:>7} {k:>6}   {_fmt(sg, True):>13}  {_fmt(sb, True):>15}  {_fmt(gf, True):>15}  "
+                  f"{_fmt(gb, True):>14}  {100 * (sb - gb):>+10.1f} points")
+    report["utilisation"] = util
+    met98 = [u for u in util if u["stoker_best_fit"] >= 0.98]
+    ge_grain = all(u["stoker_best_fit"] >= u["grain_best_fit"] for u in util)
+    print(f"target: best_fit >= grain's at every K: {'met' if ge_grain else 'MISSED'}; >= 98%: "
+          + (", ".join(f"seq_len {u['seq_len']} K {u['K']}" for u in met98) if met98 else "MISSED"))
+
+    seq_len, k = 2048, 1024 if 1024 in windows else windows[-1]
+    print(f"\nrow tokens per second (mix -> pack best_fit, seq_len {seq_len}, K {k}, batch {BATCH}, "
+          f"{rows_timed:,} rows; Grain: K bins)")
+    rates: dict[str, float | None] = {}
+    for name, fn in (
+        ("stoker, 0 workers", lambda: stoker_rate(docs, seq_len, k, 0, rows_timed)),
+        ("stoker, 2 workers", lambda: stoker_rate(docs, seq_len, k, 2, rows_timed)),
+        ("grain, 1 thread", lambda: grain_rate(docs, seq_len, k, rows_timed, 0)),
+        ("grain, 2 worker processes", lambda: grain_rate(docs, seq_len, k, rows_timed, 2)),
+    ):
+        try:
+            rates[name] = fn()
+        except Exception as exc:  # a baseline that fails says so in its row
+            rates[name] = None
+            print(f"  {name:<28} failed: {type(exc).__name__}: {exc}")
+            continue
+        print(f"  {name:<28} {_fmt(rates[name]):>9} tokens/s")
+    report["tokens_per_s"] = rates
+    best_stoker = max((v for n, v in rates.items() if n.startswith("stoker") and v), default=None)
+    best_grain = max((v for n, v in rates.items() if n.startswith("grain") and v), default=None)
+    if best_stoker and best_grain:
+        ratio = best_stoker / best_grain
+        print(f"  stoker's best / grain's best: {ratio:.1f}x (target >= 2x: {'met' if ratio >= 2 else 'MISSED'})")
+
+    sizes = [len(s) for s in docs]
+    print(f"\nmix deviation: largest |count - {DEVIATION_WINDOW} q| over every {DEVIATION_WINDOW} consecutive "
+          f"documents of the first {positions:,}, weights {'/'.join(map(str, WEIGHTS))} (documents)")
+    devs: dict[str, float | None] = {}
+    for name, fn2 in (
+        ("stoker MixedDataset", stoker_mix_sources),
+        ("grain MapDataset.mix", grain_mix_sources),
+        ("torchdata MultiNodeWeightedSampler", torchdata_mix_sources),
+    ):
+        try:
+            devs[name] = deviation(fn2(sizes, WEIGHTS, positions), WEIGHTS, DEVIATION_WINDOW)
+            print(f"  {name:<36} {devs[name]:>8.2f} documents")
+        except Exception as exc:
+            devs[name] = None
+            print(f"  {name:<36} failed: {type(exc).__name__}: {exc}")
+    bound = _bound(WEIGHTS)
+    dev = devs.get("stoker MixedDataset")
+    print(f"  documented bound 1 + q(S'-2): {bound:.2f} ({'within' if dev is not None and dev <= bound else 'OVER'})")
+    report["deviation"] = devs
+    report["deviation_bound"] = bound
+    report["seconds"] = time.perf_counter() - began
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump(report, f)
+    print(f"\n({report['seconds']:.0f} s; {args.json})")
+    return 0
