@@ -443,3 +443,26 @@ def test_a_killed_worker_is_replaced_and_the_rows_are_the_same(tmp_path: object)
     expected = ids(list(loader(srcs, 0)))
     with pytest.warns(stoker.WorkerRestartWarning, match="killed by signal SIGKILL"):
         assert ids(list(loader([srcs[0], killer, srcs[2]], 2))) == expected
+
+
+def test_hugging_face_rows_are_documents_through_field() -> None:
+    datasets = pytest.importorskip("datasets")
+    rng = np.random.default_rng(5)
+    docs = [[rng.integers(1, 500, rng.integers(3, 90)).tolist() for _ in range(n)] for n in (40, 25)]
+    hf = [datasets.Dataset.from_dict({"input_ids": d, "text": ["x"] * len(d)}) for d in docs]
+    arrays = [TokenDataset.from_documents(d) for d in docs]
+    mix = MixedDataset(hf, [0.7, 0.3], weigh="tokens", field="input_ids", seed=1)
+    reference = MixedDataset(arrays, [0.7, 0.3], weigh="tokens", seed=1)
+    assert np.array_equal(mix.sources_block(0, 300)[0], reference.sources_block(0, 300)[0])
+    assert isinstance(mix[0], dict)  # the sample as the source gives it
+    packed = PackedDataset(mix, seq_len=128, window_size=16)
+    plain = PackedDataset(reference, seq_len=128, window_size=16)
+    assert len(packed) == len(plain)
+    for g in range(len(packed)):
+        assert np.array_equal(packed[g]["input_ids"], plain[g]["input_ids"])
+    with pytest.raises(ValueError, match="field 'ids' differs from the mix's field 'input_ids'"):
+        PackedDataset(mix, seq_len=128, field="ids")
+    with pytest.raises(DocumentError, match=r"document 0 of dataset is a dict without the field 'ids' \(keys \['input_ids', 'text'\]\)"):
+        PackedDataset(hf[0], seq_len=128, field="ids")
+    direct = PackedDataset(hf[0], seq_len=128, window_size=16, field="input_ids")
+    assert direct[0]["input_ids"][:3].tolist() == docs[0][direct.pieces(0)[0][0]][:3]

@@ -60,12 +60,18 @@ class MixedDataset(Dataset[Any]):
             length is tokens / size). None means it is counted: from a source's `lengths`
             array when it has one (a `TokenDataset`), else by reading every document once,
             at construction. Defaults to None.
+        field: When the sources' samples are mappings (a Hugging Face dataset's rows, a
+            `ShardedDataset`'s samples), the key that holds the document's tokens (an integer
+            array or a list of ints), for `weigh="tokens"` and for a `PackedDataset` over this
+            mix. None means the samples are the documents. `ds[p]` is the sample as the source
+            gives it either way. Defaults to None.
 
     Raises:
         ValueError: when `weights` (or a piece of the schedule) has another length than
             `sources`, a negative or non-finite entry, or is all zero; when the schedule's
             starts are not 0 then increasing; when `weigh`, `exhausted`, `seed` or `length` is
             not one of the accepted values; when a source of positive weight is empty.
+        TypeError: when a source is not a map-style dataset, or `field` is not a str.
         DocumentError: with `weigh="tokens"` and a document that is not a 1-D integer array.
     """
 
@@ -79,6 +85,7 @@ class MixedDataset(Dataset[Any]):
         seed: int = 0,
         length: int | None = None,
         tokens: Sequence[int] | None = None,
+        field: str | None = None,
     ) -> None:
         if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence) or not sources:
             raise ValueError(f"sources must be a non-empty list of datasets, got {_describe(sources)}")
@@ -94,6 +101,9 @@ class MixedDataset(Dataset[Any]):
         self.sources = list(sources)
         self.sizes = [len(s) for s in self.sources]
         self.weigh, self.exhausted, self.seed = weigh, exhausted, int(seed)
+        if field is not None and not isinstance(field, str):
+            raise TypeError(f"field must be a str or None, got {type(field).__name__}")
+        self.field = field
         pieces = _pieces(weights)
         for _start, w in pieces:  # checked as given, before any conversion
             integer_weights(w, len(self.sources))
@@ -127,7 +137,7 @@ class MixedDataset(Dataset[Any]):
             totals = [int(t) for t in tokens]
         else:
             totals = [
-                int(lengths_of(src, np.arange(n), f"source {i}").sum()) for i, (src, n) in enumerate(zip(self.sources, self.sizes))
+                int(lengths_of(src, np.arange(n), f"source {i}", self.field).sum()) for i, (src, n) in enumerate(zip(self.sources, self.sizes))
             ]
         return [t / n if n else 0.0 for t, n in zip(totals, self.sizes)]
 
@@ -216,7 +226,7 @@ class MixedDataset(Dataset[Any]):
         out = np.empty(len(s), np.int64)
         for src in np.unique(s).tolist():
             mask = s == src
-            out[mask] = lengths_of(self.sources[src], j[mask], f"source {src}")
+            out[mask] = lengths_of(self.sources[src], j[mask], f"source {src}", self.field)
         return out
 
     def describe_document(self, position: int) -> str:

@@ -24,6 +24,7 @@ import numpy as np
 
 from .._data.datasets import Dataset
 from .._data.distributed import DistributedSampler
+from .mixed import MixedDataset
 from .packing import LONG, METHODS, Row, build_row, check_seq_len, check_window_size, plan_window
 from .tokens import _check_document, lengths_of
 
@@ -47,8 +48,9 @@ class _Stream:
     """The document stream a PackedDataset packs: a MixedDataset's positions as they are, any
     other dataset's documents in order, cycled (position p is document p % len)."""
 
-    def __init__(self, dataset: Any) -> None:
+    def __init__(self, dataset: Any, field: str | None) -> None:
         self.dataset = dataset
+        self.field = field
         self.positional = callable(getattr(dataset, "stoker_lengths", None))
         self.size = len(dataset)
         if self.size < 1:
@@ -57,7 +59,7 @@ class _Stream:
     def lengths(self, start: int, stop: int) -> np.ndarray:
         if self.positional:
             return np.asarray(self.dataset.stoker_lengths(start, stop), dtype=np.int64)
-        return lengths_of(self.dataset, np.arange(start, stop) % self.size)
+        return lengths_of(self.dataset, np.arange(start, stop) % self.size, field=self.field)
 
     def where(self, p: int) -> str:
         describe = getattr(self.dataset, "describe_document", None)
@@ -67,7 +69,7 @@ class _Stream:
 
     def get(self, p: int) -> np.ndarray:
         doc = self.dataset[p if self.positional else p % self.size]
-        return _check_document(doc, self.where(p))
+        return _check_document(doc, self.where(p), self.field)
 
 
 class PackedDataset(Dataset[dict[str, Any]]):
@@ -114,11 +116,16 @@ class PackedDataset(Dataset[dict[str, Any]]):
             covering the first len(dataset) documents make (planned at construction).
             Defaults to None.
         tensors: Give torch tensors instead of numpy arrays (torch needed). Defaults to False.
+        field: When the documents are mappings (a Hugging Face dataset's rows), the key that
+            holds the tokens (an integer array or a list of ints). None means the mix's
+            `field` over a `MixedDataset`, else the documents are arrays. Defaults to None.
 
     Raises:
-        TypeError: when `seq_len`, `window_size` or `rows_per_epoch` is not an int.
-        ValueError: when one is < 1, `method` or `long` is not an accepted value, or the
-            dataset is empty.
+        TypeError: when `seq_len`, `window_size` or `rows_per_epoch` is not an int, or
+            `field` is not a str.
+        ValueError: when one is < 1, `method` or `long` is not an accepted value, the
+            dataset is empty, its documents pack into no rows, or `field` differs from the
+            mix's.
         DocumentError: (when a row is made or measured) a document that is not a 1-D integer
             array, naming its source and index.
     """
@@ -134,6 +141,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
         pad_id: int = 0,
         rows_per_epoch: int | None = None,
         tensors: bool = False,
+        field: str | None = None,
     ) -> None:
         self.seq_len = check_seq_len(seq_len)
         self.window_size = check_window_size(window_size)
@@ -143,7 +151,17 @@ class PackedDataset(Dataset[dict[str, Any]]):
             raise ValueError(f"long must be one of {LONG}, got {long!r}")
         self.method, self.long, self.pad_id, self.tensors = method, long, int(pad_id), bool(tensors)
         self.dataset = dataset
-        self._stream = _Stream(dataset)
+        inner = getattr(dataset, "field", None) if isinstance(dataset, MixedDataset) else None
+        if field is None:
+            field = inner
+        elif not isinstance(field, str):
+            raise TypeError(f"field must be a str or None, got {type(field).__name__}")
+        elif isinstance(dataset, MixedDataset) and inner != field:
+            raise ValueError(
+                f"field {field!r} differs from the mix's field {inner!r}: give it to the MixedDataset"
+            )
+        self.field = field
+        self._stream = _Stream(dataset, field)
         self._rows: list[int] = []  # rows of each window planned so far
         self._cum: list[int] = [0]  # rows before each window
         self._tokens: list[int] = []  # real tokens of each window planned so far

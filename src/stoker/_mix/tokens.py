@@ -3,7 +3,7 @@ the check every document passes, and the lengths that planning reads."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,7 +15,14 @@ class DocumentError(TypeError):
     """A document is not a 1-D integer array; the message names its source and index."""
 
 
-def _check_document(doc: Any, where: str) -> np.ndarray:
+def _check_document(doc: Any, where: str, field: str | None = None) -> np.ndarray:
+    if field is not None:
+        if not isinstance(doc, Mapping) or field not in doc:
+            keys = f" (keys {sorted(map(str, doc))})" if isinstance(doc, Mapping) else ""
+            raise DocumentError(f"{where} is a {type(doc).__name__} without the field {field!r}{keys}")
+        doc = doc[field]
+        if isinstance(doc, (list, tuple)):  # a Hugging Face dataset's row holds lists
+            doc = np.asarray(doc) if doc else np.zeros(0, np.int64)
     if hasattr(doc, "numpy") and not isinstance(doc, np.ndarray):  # a torch tensor
         doc = doc.numpy()
     if not isinstance(doc, np.ndarray):
@@ -25,16 +32,17 @@ def _check_document(doc: Any, where: str) -> np.ndarray:
     return doc
 
 
-def lengths_of(dataset: Any, indices: np.ndarray, name: str = "dataset") -> np.ndarray:
+def lengths_of(dataset: Any, indices: np.ndarray, name: str = "dataset", field: str | None = None) -> np.ndarray:
     """The token counts of `dataset`'s documents at `indices` (int64): from its `lengths` array
-    when it has one, else by reading each document (checked: a 1-D integer array)."""
+    when it has one, else by reading each document (checked: a 1-D integer array, or a mapping
+    holding one under `field`)."""
     indices = np.asarray(indices, dtype=np.int64)
     known = getattr(dataset, "lengths", None)
     if isinstance(known, np.ndarray) and known.ndim == 1:
         return known[indices].astype(np.int64, copy=False)
     out = np.empty(len(indices), np.int64)
     for n, i in enumerate(indices.tolist()):
-        out[n] = len(_check_document(dataset[i], f"document {i} of {name}"))
+        out[n] = len(_check_document(dataset[i], f"document {i} of {name}", field))
     return out
 
 
