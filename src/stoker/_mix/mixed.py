@@ -15,6 +15,7 @@ from .mixing import MODES, WeightedMix, _pieces, integer_weights
 from .tokens import _describe, lengths_of
 
 WEIGH = ("documents", "tokens")
+_DOCTOR_POSITIONS = 100_000  # what the doctor's report covers at most
 TOKEN_RESOLUTION = 1 << 16  # document weights made from token weights: shares to 1/65,536
 
 
@@ -334,8 +335,11 @@ class MixedDataset(Dataset[Any]):
 
         Args:
             start: The first position. Defaults to 0.
-            stop: The position after the last. None means one epoch. Defaults to None.
+            stop: The position after the last. None means one epoch, or its first 100,000
+                positions (reading lengths may read documents). Defaults to None.
         """
+        if stop is None:
+            stop = start + min(self.length, _DOCTOR_POSITIONS)
         got = self.proportions(start, stop)
         shares = got.get("token_shares") if self.weigh == "tokens" else got["document_shares"]
         pairs = ", ".join(f"{a:.3f}/{b:.3f}" for a, b in zip(shares or [], got["target_shares"]))

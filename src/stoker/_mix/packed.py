@@ -40,6 +40,7 @@ def _new_locks() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_locks)
 
+_DOCTOR_ROWS = 100_000  # what the doctor's report covers at most
 _PLANS_KEPT = 16  # window plans a process keeps (rows of the windows it is reading now)
 _GROW = 32  # windows planned in one step when the window table grows
 
@@ -309,8 +310,9 @@ class PackedDataset(Dataset[dict[str, Any]]):
         return out
 
     def stoker_doctor_lines(self) -> list[str]:
-        """The doctor's lines: packing utilisation over the first epoch, then the mix's."""
-        windows = self.locate(self.rows_per_epoch - 1)[0] + 1
+        """The doctor's lines: packing utilisation over the first epoch (at most its first
+        100,000 rows), then the mix's over the same documents."""
+        windows = self.locate(min(self.rows_per_epoch, _DOCTOR_ROWS) - 1)[0] + 1
         rows, tokens = sum(self._rows[:windows]), sum(self._tokens[:windows])
         lines = [
             f"packing: {self.method}, seq_len {self.seq_len}, {self.window_size} documents a window: "
