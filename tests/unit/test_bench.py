@@ -331,7 +331,13 @@ def test_run_measures_interleaved_stats_pairs_and_auto(monkeypatch) -> None:
         assert all(v > 0 for v in on["values"] + off["values"])
     overhead = report["stats_overhead"]
     assert [(e["workers"], e["pairs"]) for e in overhead] == [(0, 2), (1, 2)]
-    assert all(-1 < e["overhead"] < 1 and e["on"] > 0 and e["off"] > 0 for e in overhead)
+    # tiny epochs on a busy machine: the figure itself is noise here, so check it is the pairs'
+    # median ratio of the measured rows (a bound on it failed under load)
+    for e in overhead:
+        on, off = rows["W1", "stoker", e["workers"], "stats on"], rows["W1", "stoker", e["workers"], "stats off"]
+        assert e["per_pair"] == pytest.approx([b / a - 1 for a, b in zip(on["values"], off["values"])])
+        assert e["overhead"] == pytest.approx(statistics.median(e["per_pair"]))
+        assert e["on"] > 0 and e["off"] > 0
     names = [t["target"] for t in report["targets"]]
     assert "W1 stats overhead w=1 (stoker, stats=True vs stats=False)" in names
     if bench.auto_unsupported() is None:
