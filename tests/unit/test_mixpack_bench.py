@@ -58,11 +58,13 @@ def test_deviation_and_pieces_on_hand_made_input() -> None:
 def test_packers_count_the_same_tokens() -> None:
     lengths = np.random.default_rng(0).integers(1, 300, 200)
     for method in ("greedy", "best_fit"):
-        util, rows = mixpack.stoker_utilisation(lengths, 256, 32, method)
+        util, rows, rest = mixpack.stoker_utilisation(lengths, 256, 32, method)
         assert rows >= int(np.ceil(lengths.sum() / 256)) and util == pytest.approx(lengths.sum() / (rows * 256))
+        full = int((lengths // 256).sum())  # rows that are one full piece
+        assert rest == pytest.approx((lengths.sum() - full * 256) / ((rows - full) * 256))
     for method in ("first_fit", "best_fit"):
-        util, rows = mixpack.grain_utilisation(lengths, 256, 32, method)  # asserts every token packed
-        assert 0.5 < util <= 1.0
+        util, rows, rest = mixpack.grain_utilisation(lengths, 256, 32, method)  # asserts every token packed
+        assert 0.5 < rest <= util <= 1.0
 
 
 def test_baseline_mixes_draw_every_source() -> None:
@@ -79,6 +81,7 @@ def test_quick_run_prints_every_table(tmp_path: Path, capsys: pytest.CaptureFixt
     for needle in ("corpus:", "packing utilisation", "row tokens per second", "mix deviation", "documented bound"):
         assert needle in text
     report = json.loads(out.read_text())
-    assert len(report["utilisation"]) == 4 and report["deviation"]["stoker MixedDataset"] <= report["deviation_bound"]
+    assert len(report["utilisation"]) == 4 and report["deviation_within_bound"] is True
+    assert report["deviation"]["1/1/1"]["stoker"] <= 4 / 3 and report["deviation"]["schedule"]["grain"] is None
     assert set(report["tokens_per_s"]) == {"stoker, 0 workers", "stoker, 2 workers", "grain, 1 thread",
                                            "grain, 2 worker processes"}
