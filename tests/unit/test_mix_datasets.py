@@ -466,3 +466,32 @@ def test_hugging_face_rows_are_documents_through_field() -> None:
         PackedDataset(hf[0], seq_len=128, field="ids")
     direct = PackedDataset(hf[0], seq_len=128, window_size=16, field="input_ids")
     assert direct[0]["input_ids"][:3].tolist() == docs[0][direct.pieces(0)[0][0]][:3]
+
+
+class _Planning(TokenDataset):
+    """A source that follows the plan protocol: it records what it is told."""
+
+    def __init__(self, source: TokenDataset) -> None:
+        super().__init__(source.tokens, source.offsets)
+        self.told: list[int] = []
+
+    def stoker_upcoming(self, indices: list[int], behind: int) -> bool:
+        self.told.extend(indices)
+        return True
+
+
+def test_the_plan_protocol_reaches_the_sources_that_follow_it() -> None:
+    srcs = corpus()
+    planning = _Planning(srcs[1])
+    plain = MixedDataset(srcs, [0.5, 0.3, 0.2])
+    assert not hasattr(type(plain), "stoker_upcoming")  # no source plans: nor does the mix
+    assert not hasattr(type(PackedDataset(plain, seq_len=512, window_size=64)), "stoker_upcoming")
+    mix = MixedDataset([srcs[0], planning, srcs[2]], [0.5, 0.3, 0.2])
+    rows = PackedDataset(mix, seq_len=512, window_size=64)
+    assert hasattr(type(mix), "stoker_upcoming") and hasattr(type(rows), "stoker_upcoming")
+    loader = stoker.DataLoader(rows, batch_size=4, sampler=StreamSampler(rows), collate_fn=collate_packed)
+    assert sum(1 for _ in loader) == -(-len(rows) // 4)
+    # told, in order, each of its samples that the epoch's rows hold (first mention of each)
+    needed = [p for g in range(len(rows)) for p, _, _ in rows.pieces(g)]
+    expected = [mix.source_at(p)[1] for p in dict.fromkeys(needed) if mix.source_at(p)[0] == 1]
+    assert list(dict.fromkeys(planning.told)) == list(dict.fromkeys(expected))

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
-from collections.abc import Sequence, Sized
+from collections.abc import Callable, Sequence, Sized
 from typing import Any
 
 import numpy as np
 
 from .._data.datasets import Dataset
+from .._stream.sampler import global_order
 from .mixing import MODES, WeightedMix, _pieces, integer_weights
 from .tokens import _describe, lengths_of
 
 WEIGH = ("documents", "tokens")
 _DOCTOR_POSITIONS = 100_000  # what the doctor's report covers at most
+_ORDER_TAG = 0x6D6F72  # keeps the sharded sources' orders apart from other streams of the seed
 TOKEN_RESOLUTION = 1 << 16  # document weights made from token weights: shares to 1/65,536
 
 
@@ -61,6 +63,10 @@ class MixedDataset(Dataset[Any]):
             length is tokens / size). None means it is counted: from a source's `lengths`
             array when it has one (a `TokenDataset`), else by reading every document once,
             at construction. Defaults to None.
+        window_shards: A `ShardedDataset` source (anything with `shard_starts`) walks each
+            pass in `ShardedSampler`'s order rather than a uniform shuffle: its shards
+            shuffled, its samples shuffled within windows of this many shards, so that it
+            reads each shard in one stretch through its cache. Defaults to 4.
         field: When the sources' samples are mappings (a Hugging Face dataset's rows, a
             `ShardedDataset`'s samples), the key that holds the document's tokens (an integer
             array or a list of ints), for `weigh="tokens"` and for a `PackedDataset` over this
@@ -71,7 +77,8 @@ class MixedDataset(Dataset[Any]):
         ValueError: when `weights` (or a piece of the schedule) has another length than
             `sources`, a negative or non-finite entry, or is all zero; when the schedule's
             starts are not 0 then increasing; when `weigh`, `exhausted`, `seed` or `length` is
-            not one of the accepted values; when a source of positive weight is empty.
+            not one of the accepted values; when a source of positive weight is empty; when
+            `window_shards` is not an int >= 1.
         TypeError: when a source is not a map-style dataset, or `field` is not a str.
         DocumentError: with `weigh="tokens"` and a document that is not a 1-D integer array.
     """
@@ -87,6 +94,7 @@ class MixedDataset(Dataset[Any]):
         length: int | None = None,
         tokens: Sequence[int] | None = None,
         field: str | None = None,
+        window_shards: int = 4,
     ) -> None:
         if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence) or not sources:
             raise ValueError(f"sources must be a non-empty list of datasets, got {_describe(sources)}")
@@ -105,6 +113,10 @@ class MixedDataset(Dataset[Any]):
         if field is not None and not isinstance(field, str):
             raise TypeError(f"field must be a str or None, got {type(field).__name__}")
         self.field = field
+        if isinstance(window_shards, bool) or not isinstance(window_shards, int) or window_shards < 1:
+            raise ValueError(f"window_shards must be an int >= 1, got {window_shards!r}")
+        self.window_shards = window_shards
+        self._orders = [self._shard_order(s, src) for s, src in enumerate(self.sources)]
         pieces = _pieces(weights)
         for _start, w in pieces:  # checked as given, before any conversion
             integer_weights(w, len(self.sources))
@@ -130,6 +142,8 @@ class MixedDataset(Dataset[Any]):
         if isinstance(self.length, bool) or not isinstance(self.length, (int, np.integer)) or self.length < 1:
             raise ValueError(f"length must be an int >= 1, got {length!r} (the mix has {self.length} positions)")
         self.length = int(self.length)
+        if type(self) is MixedDataset and any(getattr(type(x), "stoker_upcoming", None) for x in self.sources):
+            self.__class__ = _PlanningMixedDataset  # see _PlanningMixedDataset
 
     def _mean_lengths(self, tokens: Sequence[int] | None) -> list[float]:
         if tokens is not None:
@@ -142,10 +156,23 @@ class MixedDataset(Dataset[Any]):
             ]
         return [t / n if n else 0.0 for t, n in zip(totals, self.sizes)]
 
+    def _shard_order(self, s: int, source: Any) -> Callable[[int, int], np.ndarray] | None:
+        """A sharded source's order for each (mix epoch, pass): `ShardedSampler`'s (shards
+        shuffled, samples shuffled within windows of `window_shards` shards), so that the
+        source reads each shard in one stretch; None for any other source."""
+        starts = getattr(source, "shard_starts", None)
+        if starts is None:
+            return None
+        starts = np.asarray(starts, dtype=np.int64)
+        seed = int(np.random.SeedSequence([_ORDER_TAG, self.seed, s]).generate_state(1, np.uint64)[0]) >> 1
+        window = self.window_shards
+        return lambda epoch, cycle: global_order(starts, seed, (epoch << 32) + cycle, window)
+
     def _mix(self, epoch: int) -> WeightedMix:
         mix = self._mixes.get(epoch)
         if mix is None:
-            mix = WeightedMix(self.sizes, self._schedule, seed=self.seed, epoch=epoch, mode=self.exhausted)
+            mix = WeightedMix(self.sizes, self._schedule, seed=self.seed, epoch=epoch, mode=self.exhausted,
+                              orders=self._orders)
             mixes = OrderedDict(self._mixes)  # replaced whole: thread workers may be reading it
             mixes[epoch] = mix
             if len(mixes) > 2:
@@ -317,6 +344,31 @@ class MixedDataset(Dataset[Any]):
         dev = np.abs(counts - window * shares[piece])[inside]
         return float(dev.max()) if dev.size else 0.0
 
+    def upcoming_positions(self, positions: Sequence[int], behind: int) -> bool:
+        """Tell the sources that follow the plan protocol which of their samples the mix's
+        `positions` need (in order); True when all of those told want to be told more.
+
+        Args:
+            positions: Positions of the mix, as a batch or a packed row needs them.
+            behind: How many earlier batches may still be unread by the workers.
+        """
+        if not len(positions):
+            return True
+        pos = np.asarray(positions, dtype=np.int64)
+        first, last = int(pos.min()), int(pos.max())
+        if last - first < 4 * len(pos) + 64:
+            block_s, block_j = self.sources_block(first, last + 1)
+            s, j = block_s[pos - first], block_j[pos - first]
+        else:
+            pairs = np.array([self.source_at(int(p)) for p in pos], dtype=np.int64).reshape(-1, 2)
+            s, j = pairs[:, 0], pairs[:, 1]
+        more = True
+        for src in dict.fromkeys(s.tolist()):
+            hook = getattr(type(self.sources[src]), "stoker_upcoming", None)
+            if hook is not None:
+                more = bool(hook(self.sources[src], j[s == src].tolist(), behind)) and more
+        return more
+
     def stoker_describe(self) -> dict[str, Any]:
         """What a loader state saved over this dataset must agree on (see `StreamSampler`)."""
         return {
@@ -327,6 +379,8 @@ class MixedDataset(Dataset[Any]):
             "exhausted": self.exhausted,
             "seed": self.seed,
             "length": self.length,
+            "shard_ordered": [order is not None for order in self._orders],
+            "window_shards": self.window_shards,
         }
 
     def stoker_doctor_lines(self, start: int = 0, stop: int | None = None) -> list[str]:
@@ -365,3 +419,22 @@ def _token_to_document_weights(weights: Sequence[Any], means: Sequence[float]) -
     total = sum(shares)
     ints = [max(1, round(x / total * TOKEN_RESOLUTION)) if x > 0 else 0 for x in shares]
     return ints
+
+
+class _PlanningMixedDataset(MixedDataset):
+    """A MixedDataset with a source that follows the plan protocol (a `ShardedDataset`): the
+    loader's upcoming batches are passed on to those sources, each told its own samples, so
+    that their downloads run ahead. A mix without such a source is a plain MixedDataset and
+    its sampler is read as it would be without the protocol."""
+
+    def stoker_upcoming(self, indices: list[int], behind: int) -> bool:
+        """The plan protocol: pass a batch's samples on to the sources that plan.
+
+        Args:
+            indices: The batch's positions.
+            behind: How many earlier batches may still be unread by the workers.
+
+        Returns:
+            True when every source that was told wants the drawing to run further ahead.
+        """
+        return self.upcoming_positions(indices, behind)

@@ -46,7 +46,7 @@ import bisect
 import hashlib
 import itertools
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from fractions import Fraction
 from math import gcd
 from typing import Any
@@ -222,7 +222,7 @@ class WeightedMix:
     """
 
     def __init__(self, sizes: Sequence[int], schedule: Any, seed: int = 0, epoch: int = 0,
-                 mode: str = "repeat") -> None:
+                 mode: str = "repeat", orders: Sequence[Callable[[int, int], np.ndarray] | None] | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.sizes = [int(x) for x in sizes]
@@ -231,6 +231,9 @@ class WeightedMix:
         if int(seed) < 0 or int(epoch) < 0:
             raise ValueError("seed and epoch must be non-negative")
         self.seed, self.epoch, self.mode = int(seed), int(epoch), mode
+        # a source's own order per (epoch, cycle), in place of the shuffle (a sharded source's
+        # shard-aware order); it must be a permutation of range(size)
+        self.orders = list(orders) if orders is not None else [None] * len(self.sizes)
         S = len(self.sizes)
         pieces = _pieces(schedule)
         self.user_schedule = [(start, integer_weights(w, S)) for start, w in pieces]
@@ -307,8 +310,12 @@ class WeightedMix:
         kept = self._perms.get(s)
         if kept is not None and kept[0] == cycle:
             return kept[1]
-        seq = np.random.SeedSequence([_TAG, self.seed, self.epoch, s, cycle])
-        order = np.random.Generator(np.random.Philox(seq)).permutation(self.sizes[s])
+        own = self.orders[s]
+        if own is not None:
+            order = np.asarray(own(self.epoch, cycle), dtype=np.int64)
+        else:
+            seq = np.random.SeedSequence([_TAG, self.seed, self.epoch, s, cycle])
+            order = np.random.Generator(np.random.Philox(seq)).permutation(self.sizes[s])
         self._perms[s] = (cycle, order)
         return order
 
@@ -325,7 +332,7 @@ class WeightedMix:
     def _sample(self, s: int, k: int) -> tuple[int, int]:
         size = self.sizes[s]
         cycle, j = divmod(k, size)
-        if size > MATERIALIZE_MAX:
+        if size > MATERIALIZE_MAX and self.orders[s] is None:
             return s, feistel_index(j, size, self._feistel_keys(s, cycle))
         return s, int(self.perm(s, cycle)[j])
 
@@ -396,7 +403,7 @@ class WeightedMix:
             got = np.empty(len(js), np.int64)
             for c in np.unique(cycles).tolist():
                 at = cycles == c
-                if size > MATERIALIZE_MAX:
+                if size > MATERIALIZE_MAX and self.orders[s] is None:
                     got[at] = feistel_many(js[at], size, self._feistel_keys(s, c))
                 else:
                     got[at] = self.perm(s, c)[js[at]]

@@ -183,6 +183,8 @@ class PackedDataset(Dataset[dict[str, Any]]):
         if rows_per_epoch < 1:
             raise ValueError(f"rows_per_epoch must be >= 1, got {rows_per_epoch}")
         self.rows_per_epoch = int(rows_per_epoch)
+        if type(self) is PackedDataset and getattr(type(dataset), "stoker_upcoming", None) is not None:
+            self.__class__ = _PlanningPackedDataset  # see _PlanningPackedDataset
 
     def __len__(self) -> int:
         return self.rows_per_epoch
@@ -326,6 +328,30 @@ class PackedDataset(Dataset[dict[str, Any]]):
 
     def __repr__(self) -> str:
         return f"PackedDataset(seq_len={self.seq_len}, window_size={self.window_size}, method={self.method!r}, rows_per_epoch={self.rows_per_epoch})"
+
+
+class _PlanningPackedDataset(PackedDataset):
+    """A PackedDataset over documents that follow the plan protocol (a mix of `ShardedDataset`
+    sources, or one): the loader's upcoming rows are passed on as the documents they hold, so
+    that downloads run ahead. Over any other dataset it is a plain PackedDataset, and its
+    sampler is read as it would be without the protocol."""
+
+    def stoker_upcoming(self, indices: list[int], behind: int) -> bool:
+        """The plan protocol: pass the documents of a batch's rows on, in order.
+
+        Args:
+            indices: The batch's rows.
+            behind: How many earlier batches may still be unread by the workers.
+
+        Returns:
+            True when the documents' datasets want the drawing to run further ahead.
+        """
+        positions = list(dict.fromkeys(p for row in indices for p, _, _ in self.pieces(row)))
+        inner = self.dataset
+        if isinstance(inner, MixedDataset):
+            return inner.upcoming_positions(positions, behind)
+        hook = type(inner).stoker_upcoming
+        return bool(hook(inner, [p % self._stream.size for p in positions], behind))
 
 
 def collate_packed(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
