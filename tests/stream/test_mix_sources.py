@@ -76,6 +76,9 @@ def test_sharded_sources_mix_in_windows_and_download_each_shard_once(
     loader = DataLoader(rows, batch_size=4, sampler=StreamSampler(rows), collate_fn=collate_packed,
                         num_workers=2, timeout=30)
     got = [r.tobytes() for batch in loader for r in batch["input_ids"]]
+    spawned = DataLoader(rows, batch_size=4, sampler=StreamSampler(rows), collate_fn=collate_packed,
+                         num_workers=1, multiprocessing_context="spawn", timeout=60)
+    assert [r.tobytes() for batch in spawned for r in batch["input_ids"]] == got  # the mix pickles
     fresh = PackedDataset(MixedDataset(sources(), [0.6, 0.4], field="tokens.npy", window_shards=2, seed=3),
                           seq_len=64, window_size=16)
     assert got == [fresh[g]["input_ids"].tobytes() for g in range(len(fresh))]

@@ -163,10 +163,8 @@ class MixedDataset(Dataset[Any]):
         starts = getattr(source, "shard_starts", None)
         if starts is None:
             return None
-        starts = np.asarray(starts, dtype=np.int64)
         seed = int(np.random.SeedSequence([_ORDER_TAG, self.seed, s]).generate_state(1, np.uint64)[0]) >> 1
-        window = self.window_shards
-        return lambda epoch, cycle: global_order(starts, seed, (epoch << 32) + cycle, window)
+        return _ShardOrder(np.asarray(starts, dtype=np.int64), seed, self.window_shards)
 
     def _mix(self, epoch: int) -> WeightedMix:
         mix = self._mixes.get(epoch)
@@ -407,6 +405,17 @@ class MixedDataset(Dataset[Any]):
 
     def __repr__(self) -> str:
         return f"MixedDataset({len(self.sources)} sources, weigh={self.weigh!r}, exhausted={self.exhausted!r}, length={self.length})"
+
+
+class _ShardOrder:
+    """A sharded source's order of one (mix epoch, pass): a class, not a closure, so that a
+    mix pickles into spawned workers."""
+
+    def __init__(self, starts: np.ndarray, seed: int, window_shards: int) -> None:
+        self.starts, self.seed, self.window_shards = starts, seed, window_shards
+
+    def __call__(self, epoch: int, cycle: int) -> np.ndarray:
+        return global_order(self.starts, self.seed, (epoch << 32) + cycle, self.window_shards)
 
 
 def _token_to_document_weights(weights: Sequence[Any], means: Sequence[float]) -> list[int]:
