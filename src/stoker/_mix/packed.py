@@ -25,7 +25,16 @@ import numpy as np
 from .._data.datasets import Dataset
 from .._data.distributed import DistributedSampler
 from .mixed import MixedDataset
-from .packing import LONG, METHODS, Row, build_row, check_seq_len, check_window_size, plan_window
+from .packing import (
+    LONG,
+    METHODS,
+    Row,
+    build_row,
+    check_positive_int,
+    check_seq_len,
+    check_window_size,
+    plan_window,
+)
 from .tokens import _check_document, lengths_of
 
 # A fork while another thread holds a dataset's lock would leave the child's copy locked forever.
@@ -70,7 +79,7 @@ class _Stream:
 
     def get(self, p: int) -> np.ndarray:
         doc = self.dataset[p if self.positional else p % self.size]
-        return _check_document(doc, self.where(p), self.field)
+        return _check_document(doc, lambda: self.where(p), self.field)
 
 
 class PackedDataset(Dataset[dict[str, Any]]):
@@ -163,8 +172,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
             )
         self.field = field
         self._stream = _Stream(dataset, field)
-        self._rows: list[int] = []  # rows of each window planned so far
-        self._cum: list[int] = [0]  # rows before each window
+        self._cum: list[int] = [0]  # rows before each window planned so far, then their total
         self._tokens: list[int] = []  # real tokens of each window planned so far
         self._plans: OrderedDict[int, list[Row]] = OrderedDict()
         self._lock = threading.RLock()  # thread workers share the table and the plans
@@ -178,11 +186,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
                     f"the first {self._stream.size} documents pack into no rows: every one is empty"
                     + (f" or longer than seq_len {self.seq_len} (long='drop')" if self.long == "drop" else "")
                 )
-        elif isinstance(rows_per_epoch, bool) or not isinstance(rows_per_epoch, (int, np.integer)):
-            raise TypeError(f"rows_per_epoch must be an int, got {type(rows_per_epoch).__name__}")
-        if rows_per_epoch < 1:
-            raise ValueError(f"rows_per_epoch must be >= 1, got {rows_per_epoch}")
-        self.rows_per_epoch = int(rows_per_epoch)
+        self.rows_per_epoch = check_positive_int(rows_per_epoch, "rows_per_epoch")
         if type(self) is PackedDataset and getattr(type(dataset), "stoker_upcoming", None) is not None:
             self.__class__ = _PlanningPackedDataset  # see _PlanningPackedDataset
 
@@ -200,39 +204,32 @@ class PackedDataset(Dataset[dict[str, Any]]):
         _LOCKED.add(self)
 
     def _plan(self, window: int, lengths: np.ndarray | None = None) -> list[Row]:
-        with self._lock:
-            return self._plan_locked(window, lengths)
-
-    def _plan_locked(self, window: int, lengths: np.ndarray | None) -> list[Row]:
-        plan = self._plans.get(window)
-        if plan is not None:
-            self._plans.move_to_end(window)
+        with self._lock:  # reentrant: _grow_to_window holds it too
+            plan = self._plans.get(window)
+            if plan is not None:
+                self._plans.move_to_end(window)
+                return plan
+            if lengths is None:
+                start = window * self.window_size
+                lengths = self._stream.lengths(start, start + self.window_size)
+            plan = plan_window(lengths, self.seq_len, self.method, self.long)  # type: ignore[arg-type]
+            self._plans[window] = plan
+            if len(self._plans) > _PLANS_KEPT:
+                self._plans.popitem(last=False)
             return plan
-        if lengths is None:
-            start = window * self.window_size
-            lengths = self._stream.lengths(start, start + self.window_size)
-        plan = plan_window(lengths, self.seq_len, self.method, self.long)  # type: ignore[arg-type]
-        self._plans[window] = plan
-        if len(self._plans) > _PLANS_KEPT:
-            self._plans.popitem(last=False)
-        return plan
 
     def _grow_to_window(self, windows: int) -> None:
         """Plan windows until the table covers the first `windows` of them."""
-        with self._lock:
-            self._grow_locked(windows)
-
-    def _grow_locked(self, windows: int) -> None:
         K = self.window_size
-        while len(self._rows) < windows:
-            first = len(self._rows)
-            count = max(1, min(_GROW, windows - first))
-            lengths = self._stream.lengths(first * K, (first + count) * K)
-            for n in range(count):
-                plan = self._plan(first + n, lengths[n * K : (n + 1) * K])
-                self._rows.append(len(plan))
-                self._tokens.append(sum(e - s for row in plan for _, s, e in row))
-                self._cum.append(self._cum[-1] + len(plan))
+        with self._lock:
+            while len(self._tokens) < windows:
+                first = len(self._tokens)
+                count = max(1, min(_GROW, windows - first))
+                lengths = self._stream.lengths(first * K, (first + count) * K)
+                for n in range(count):
+                    plan = self._plan(first + n, lengths[n * K : (n + 1) * K])
+                    self._tokens.append(sum(e - s for row in plan for _, s, e in row))
+                    self._cum.append(self._cum[-1] + len(plan))
 
     def locate(self, row: int) -> tuple[int, int]:
         """The (window, row within the window) of a row of the packed stream.
@@ -249,13 +246,13 @@ class PackedDataset(Dataset[dict[str, Any]]):
         if row < 0:
             raise IndexError(f"row {row} is negative: packed rows are numbered from the stream's start")
         with self._lock:
-            empty_from = len(self._rows)  # the stream must give a row within one pass of its documents
+            empty_from = len(self._tokens)  # the stream must give a row within one pass of its documents
             while self._cum[-1] <= row:
-                before = len(self._rows)
-                self._grow_locked(before + _GROW)
+                before = len(self._tokens)
+                self._grow_to_window(before + _GROW)
                 if self._cum[-1] > self._cum[before]:
-                    empty_from = len(self._rows)
-                elif (len(self._rows) - empty_from) * self.window_size > self._stream.size + self.window_size:
+                    empty_from = len(self._tokens)
+                elif (len(self._tokens) - empty_from) * self.window_size > self._stream.size + self.window_size:
                     raise ValueError(
                         f"row {row} is past the end of the packed stream: a whole pass of the "
                         f"{self._stream.size} documents after row {self._cum[-1] - 1} gives no row"
@@ -293,7 +290,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
 
     def utilisation(self) -> float:
         """Real tokens over row tokens (rows x seq_len) of the windows planned so far."""
-        rows = sum(self._rows)
+        rows = self._cum[-1]
         return sum(self._tokens) / (rows * self.seq_len) if rows else 0.0
 
     def stoker_describe(self) -> dict[str, Any]:
@@ -315,7 +312,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
         """The doctor's lines: packing utilisation over the first epoch (at most its first
         100,000 rows), then the mix's over the same documents."""
         windows = self.locate(min(self.rows_per_epoch, _DOCTOR_ROWS) - 1)[0] + 1
-        rows, tokens = sum(self._rows[:windows]), sum(self._tokens[:windows])
+        rows, tokens = self._cum[windows], sum(self._tokens[:windows])
         lines = [
             f"packing: {self.method}, seq_len {self.seq_len}, {self.window_size} documents a window: "
             f"{rows:,} rows from {windows:,} windows, utilisation {tokens / (rows * self.seq_len):.4f} "

@@ -48,20 +48,21 @@ LONG = ("split", "drop")
 IGNORE_INDEX = -100
 
 
+def check_positive_int(value: int, name: str) -> int:
+    """`value` as an int >= 1: TypeError when it is not an int, ValueError when it is < 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return int(value)
+
+
 def check_seq_len(seq_len: int) -> int:
-    if isinstance(seq_len, bool) or not isinstance(seq_len, (int, np.integer)):
-        raise TypeError(f"seq_len must be an int, got {type(seq_len).__name__}")
-    if seq_len < 1:
-        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
-    return int(seq_len)
+    return check_positive_int(seq_len, "seq_len")
 
 
 def check_window_size(window_size: int) -> int:
-    if isinstance(window_size, bool) or not isinstance(window_size, (int, np.integer)):
-        raise TypeError(f"window_size (K) must be an int, got {type(window_size).__name__}")
-    if window_size < 1:
-        raise ValueError(f"window_size (K) must be >= 1, got {window_size}")
-    return int(window_size)
+    return check_positive_int(window_size, "window_size (K)")
 
 
 def check_options(method: str, long: str) -> None:

@@ -3,7 +3,7 @@ the check every document passes, and the lengths that planning reads."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -15,21 +15,27 @@ class DocumentError(TypeError):
     """A document is not a 1-D integer array; the message names its source and index."""
 
 
-def _check_document(doc: Any, where: str, field: str | None = None) -> np.ndarray:
+def _check_document(doc: Any, where: str | Callable[[], str], field: str | None = None) -> np.ndarray:
+    """`doc` (or `doc[field]`) as a 1-D integer array; DocumentError naming `where` (a callable
+    is called only then: naming a mix's document costs a lookup a valid one need not pay)."""
     if field is not None:
         if not isinstance(doc, Mapping) or field not in doc:
             keys = f" (keys {sorted(map(str, doc))})" if isinstance(doc, Mapping) else ""
-            raise DocumentError(f"{where} is a {type(doc).__name__} without the field {field!r}{keys}")
+            raise DocumentError(f"{_named(where)} is a {type(doc).__name__} without the field {field!r}{keys}")
         doc = doc[field]
         if isinstance(doc, (list, tuple)):  # a Hugging Face dataset's row holds lists
             doc = np.asarray(doc) if doc else np.zeros(0, np.int64)
     if hasattr(doc, "numpy") and not isinstance(doc, np.ndarray):  # a torch tensor
         doc = doc.numpy()
     if not isinstance(doc, np.ndarray):
-        raise DocumentError(f"{where} is a {type(doc).__name__}, not a 1-D integer numpy array")
+        raise DocumentError(f"{_named(where)} is a {type(doc).__name__}, not a 1-D integer numpy array")
     if doc.ndim != 1 or doc.dtype.kind not in "iu":
-        raise DocumentError(f"{where} has shape {doc.shape} and dtype {doc.dtype}; a document is a 1-D integer array")
+        raise DocumentError(f"{_named(where)} has shape {doc.shape} and dtype {doc.dtype}; a document is a 1-D integer array")
     return doc
+
+
+def _named(where: str | Callable[[], str]) -> str:
+    return where if isinstance(where, str) else where()
 
 
 def lengths_of(dataset: Any, indices: np.ndarray, name: str = "dataset", field: str | None = None) -> np.ndarray:
