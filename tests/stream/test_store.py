@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import textwrap
@@ -119,29 +118,6 @@ def test_pickles_without_its_client(s3_url: str) -> None:
     copy = pickle.loads(pickle.dumps(store))
     assert copy._client is None and copy.counters.requests == 0
     assert copy.read("a") == b"abc"
-
-
-def test_a_child_forked_after_obstore_was_used_reads_with_fsspec(s3_url: str) -> None:
-    """obstore hangs in a child forked from a process whose obstore made requests: the child
-    must not use it (an alarm ends the child if it hangs)."""
-    store = Store(s3_url, timeout_s=5)
-    store.write("a", b"forked")
-    assert store.read("a") == b"forked" and store.backend == "obstore"
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        signal.alarm(30)
-        try:
-            os.close(read)
-            got = store.read("a") == b"forked" and store.backend == "fsspec"
-            os.write(write, b"ok" if got else b"wrong")
-        finally:
-            os._exit(0)
-    os.close(write)
-    with os.fdopen(read, "rb") as pipe:
-        answer = pipe.read()
-    _, status = os.waitpid(pid, 0)
-    assert answer == b"ok", f"child said {answer!r}, status {status}"
 
 
 @pytest.mark.parametrize("client", CLIENTS)

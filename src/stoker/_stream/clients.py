@@ -104,6 +104,28 @@ _RANGE_NOT_SATISFIABLE = re.compile(
 )
 
 
+class Relayed(Exception):
+    """An exception raised by the client of the process that made this one's request (see
+    `relay`), as `classify` judged it there.
+
+    Args:
+        kind: "missing", "denied", "transient" or "fatal".
+        text: The original exception's type and message.
+    """
+
+    def __init__(self, kind: str, text: str) -> None:
+        super().__init__(text)
+        self.kind = kind
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return type(self), (self.kind, str(self))
+
+
+class OwnerGone(Exception):
+    """The process that made this process's requests (see `relay`) has exited: asking again
+    cannot help."""
+
+
 class RangeNotSatisfiable(Exception):
     """The store answered 416: the range starts at or past the object's end."""
 
@@ -113,8 +135,9 @@ class SizeMismatch(Exception):
 
 
 # The pid of the process whose obstore runtime has made requests. obstore's runtime does not
-# survive fork: a child forked from that process hangs in its first request, so such a child
-# uses fsspec instead (a process forked before the first request, or spawned, is fine).
+# survive fork: a child forked from that process hangs in its first request, whatever client it
+# makes, so such a child asks that process to make its requests (`relay`). A process forked
+# before the first request, or spawned, makes its own.
 _obstore_used_in: int | None = None
 
 
@@ -132,6 +155,10 @@ def obstore_installed() -> bool:
 
 def classify(exc: BaseException) -> str:
     """What a client's exception means: "missing", "denied", "transient" or "fatal"."""
+    if isinstance(exc, Relayed):
+        return exc.kind
+    if isinstance(exc, OwnerGone):
+        return "fatal"
     if isinstance(exc, (MissingObjectError, FileNotFoundError)):
         return "missing"
     if isinstance(exc, PermissionError):
@@ -188,6 +215,8 @@ def _transient_text(text: str) -> bool:
 
 def describe(exc: BaseException) -> str:
     text = str(exc).strip().replace("\n", " ")
+    if isinstance(exc, Relayed):
+        return text  # already "Type: message", as described where it was raised
     if len(text) > 600:
         text = text[:600] + "..."
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

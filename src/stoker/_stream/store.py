@@ -14,8 +14,10 @@ read with `os`. Both clients are imported only when a remote `Store` is first us
 own retries are turned off so that each attempt is counted and bounded here.
 
 A `Store` is cheap to pickle: its client is made on first use in each process (keyed by the
-pid), so a worker forked or spawned from the loader's process makes its own. One `Store` may
-be used by several threads at once.
+pid), so a worker forked or spawned from the loader's process makes its own. obstore's runtime
+does not survive fork, so a process forked from one that has used obstore sends its requests
+to that process instead (`relay`): the same client serves every process, on any start method,
+with the `stream` extra alone. One `Store` may be used by several threads at once.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TypeVar
 
+from . import relay
 from .clients import (
     OBSTORE_SCHEMES,
     S3_OPTION_KEYS,
@@ -177,7 +180,8 @@ class Store:
             return self.client
         if self.scheme == "file":
             return "local"
-        if self.scheme in OBSTORE_SCHEMES and obstore_usable() and obstore_installed():
+        reachable = obstore_usable() or relay.available()
+        if self.scheme in OBSTORE_SCHEMES and reachable and obstore_installed():
             if self.scheme in ("s3", "s3a"):
                 if set(self.storage_options) <= set(S3_OPTION_KEYS):
                     return "obstore"
@@ -210,14 +214,19 @@ class Store:
                 if kind == "local":
                     backend = LocalBackend(self)
                 elif kind == "obstore":
-                    if not obstore_usable():
+                    if obstore_usable():
+                        relay.become_owner()  # before the runtime starts: see `relay`
+                        backend = ObstoreBackend(self)
+                    elif relay.available():
+                        backend = relay.RelayBackend(self)
+                    else:
                         raise StoreError(
                             self.url,
                             "client='obstore' cannot run in a process forked from one that used "
-                            "obstore (its runtime does not survive fork): use client='auto' or "
-                            "'fsspec', or start worker processes with 'spawn' or 'forkserver'",
+                            "obstore (its runtime does not survive fork), and this platform has "
+                            "no relay to that process: use client='fsspec', or start worker "
+                            "processes with 'spawn' or 'forkserver'",
                         )
-                    backend = ObstoreBackend(self)
                 else:
                     backend = FsspecBackend(self)
                 made = self._client = (pid, backend)
