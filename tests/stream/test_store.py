@@ -298,3 +298,14 @@ def test_server_child_exits_when_its_parent_is_killed() -> None:
     finally:
         parent.kill()
         parent.wait()
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("variable", ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"])
+def test_an_explicit_endpoint_beats_the_environments(
+    s3_server: S3Server, s3_url: str, monkeypatch: pytest.MonkeyPatch, client: str, variable: str
+) -> None:
+    put(s3_server, s3_url, "a", b"explicit")
+    monkeypatch.setenv(variable, "http://127.0.0.1:1")  # nothing listens there
+    store = Store(s3_url, {"endpoint_url": s3_server.endpoint}, client=client, retries=0, timeout_s=5)
+    assert store.read("a") == b"explicit"

@@ -339,18 +339,35 @@ class ObstoreBackend(Backend):
             config: dict[str, Any] = {}
             for key, value in options.items():
                 config[S3_OPTION_KEYS.get(key, key)] = value
-            endpoint = config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL") or ""
+            endpoint = (
+                config.get("endpoint")
+                or os.environ.get("AWS_ENDPOINT_URL_S3")
+                or os.environ.get("AWS_ENDPOINT_URL")
+                or ""
+            )
             if str(endpoint).startswith("http://"):
                 client_options["allow_http"] = True
             if "skip_signature" in config:
                 config["skip_signature"] = bool(config["skip_signature"])
-            self.client = obstore.store.S3Store(
-                parsed.netloc,
-                prefix=parsed.path.strip("/") or None,
-                config=config,  # type: ignore[arg-type]
-                client_options=client_options,  # type: ignore[arg-type]
-                retry_config=retry_config,
-            )
+
+            def make(config: dict[str, Any]) -> Any:
+                return obstore.store.S3Store(
+                    parsed.netloc,
+                    prefix=parsed.path.strip("/") or None,
+                    config=config,  # type: ignore[arg-type]
+                    client_options=client_options,  # type: ignore[arg-type]
+                    retry_config=retry_config,
+                )
+
+            if "endpoint" in config:
+                # obstore reads AWS_ENDPOINT_URL_S3 into a key of its own that beats
+                # "endpoint": the endpoint the caller named goes in both
+                try:
+                    self.client = make({**config, "aws_endpoint_url_s3": config["endpoint"]})
+                except Exception:  # an obstore that knows no such key reads no such variable
+                    self.client = make(config)
+            else:
+                self.client = make(config)
         else:
             from_url: Any = obstore.store.from_url
             self.client = from_url(

@@ -127,8 +127,10 @@ class Store:
         storage_options: Passed to the client, e.g. `{"endpoint_url": ...}`. For s3 the
             fsspec-style keys (`endpoint_url`, `key`, `secret`, `token`, `region_name`,
             `anon`) are understood by both clients; "auto" uses fsspec when there are any
-            others. None means the client's defaults and the environment
-            (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, ...). Defaults to None.
+            others. An option given here takes precedence over the environment's
+            (`AWS_ENDPOINT_URL_S3` and `AWS_ENDPOINT_URL` included). None means the client's
+            defaults and the environment (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, ...).
+            Defaults to None.
         client: "auto" (obstore where it is installed and serves the scheme, else fsspec;
             local paths are read directly with `os`), "obstore" or "fsspec" (which serve
             local paths too). Defaults to "auto".
