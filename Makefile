@@ -14,7 +14,16 @@ STAMP := $(VENV)/.installed
 # start once.
 PYTEST_WORKERS := -n auto --maxprocesses 4 --dist loadfile
 
-.PHONY: test bench lint typecheck pytest coverage docs docs-strict setup clean
+# The user-install tier: a venv holding only what `pip install 'stoker[torch,stream,parquet]'`
+# brings (no s3fs, boto3 or moto, which the test extras install), plus the test runner and
+# psutil (the suite's leak check). Its dependencies are installed once per change of
+# pyproject.toml; this checkout is installed into it as a wheel on every run.
+USER_VENV := build/user-venv
+USER_PY := $(USER_VENV)/bin/python
+USER_STAMP := $(USER_VENV)/.installed
+USER_TESTS := tests/user tests/stream/test_relay.py tests/stream/test_elastic.py
+
+.PHONY: test bench lint typecheck pytest user-tier coverage docs docs-strict setup clean
 
 # pip would compile what it installs on one core (~75 s of CPU here); compileall uses every
 # core. Skipped: a file of torch's test helpers written for Python 3.12 only.
@@ -30,10 +39,23 @@ $(STAMP): pyproject.toml benchmarks/pyproject.toml
 
 setup: $(STAMP)
 
+$(USER_STAMP): pyproject.toml
+	rm -rf $(USER_VENV)
+	$(PYTHON) -m venv $(USER_VENV)
+	$(USER_PY) -m pip install --quiet --upgrade pip
+	$(USER_PY) -m pip install --quiet '.[torch,stream,parquet]' '$(TORCH_PIN)' pytest pytest-timeout psutil
+	touch $(USER_STAMP)
+
+# The moto server runs from the test environment's interpreter (STOKER_S3_SERVER_PYTHON).
+user-tier: $(STAMP) $(USER_STAMP)
+	$(USER_PY) -m pip install --quiet --no-deps --force-reinstall .
+	STOKER_USER_TIER=1 STOKER_S3_SERVER_PYTHON=$(abspath $(PY)) $(USER_PY) -m pytest -q -p no:cacheprovider $(USER_TESTS)
+
 # Lint, type check, tests and the strict docs build run side by side: on a fresh clone the type
-# check alone takes ~35 s of one core (it reads torch's stubs).
+# check alone takes ~35 s of one core (it reads torch's stubs). Then the user-install tier.
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j3 lint typecheck pytest docs-strict
+	$(MAKE) --no-print-directory user-tier
 
 typecheck: $(STAMP)
 	$(PY) -m mypy

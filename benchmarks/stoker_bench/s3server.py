@@ -71,6 +71,16 @@ CREDENTIALS = {
 }
 
 
+def server_python() -> str:
+    """The interpreter that runs moto: `STOKER_S3_SERVER_PYTHON` where set (a test run in a
+    user's install, which has no moto, borrows the test environment's), else this one.
+
+    Returns:
+        str: The interpreter's path.
+    """
+    return os.environ.get("STOKER_S3_SERVER_PYTHON") or sys.executable
+
+
 def client_env(endpoint: str) -> dict[str, str]:
     """The environment variables that point S3 clients (obstore, s3fs, boto3) at `endpoint`.
 
@@ -123,7 +133,7 @@ class S3Server:
         self._stderr = tempfile.TemporaryFile()
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self._process = subprocess.Popen(
-            [sys.executable, "-c", _CHILD],
+            [server_python(), "-c", _CHILD],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
