@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._data.identity import describe_data, prefixed
 from .._data.rng import RandomSource
 from .._data.samplers import BatchSampler
 
@@ -338,7 +339,11 @@ def _length(index_sampler: Any) -> float:
 
 
 def describe(plan: Any) -> dict[str, Any]:
-    """What a state must agree on with the loader that loads it."""
+    """What a state must agree on with the loader that loads it: the loader's batching and
+    sampler, and the stream its rows come from. A dataset or sampler that describes itself
+    (`stoker_describe()`: stoker.mix's and stoker.shards' datasets, `ShardedSampler`) adds
+    its description under `stream.` and `sampler.` (see `stoker._data.identity` for what a
+    description covers)."""
     index_sampler = plan.index_sampler
     inner = _inner(index_sampler)
     config: dict[str, Any] = {
@@ -356,10 +361,21 @@ def describe(plan: Any) -> dict[str, Any]:
         config["rank"] = sharded.rank
         config["total_size"] = sharded.total_size
         config["sampler_seed"] = sharded.seed
-        stream = getattr(sharded, "stoker_describe", None)  # stoker.mix's StreamSampler
-        if stream is not None:
-            config.update({f"stream.{key}": value for key, value in json.loads(json.dumps(stream())).items()})
+        config["sampler_shuffle"] = bool(sharded.shuffle)
+        config["sampler_drop_last"] = bool(sharded.drop_last)
+    if plan.dataset_kind == "map" and callable(getattr(plan.dataset, "stoker_describe", None)):
+        config.update(_plain(prefixed("stream", describe_data(plan.dataset))))
+    for part in (index_sampler, inner):
+        hook = getattr(part, "stoker_describe", None)
+        if callable(hook):
+            config.update(_plain(prefixed("sampler", hook())))
     return config
+
+
+def _plain(description: dict[str, Any]) -> dict[str, Any]:
+    """`description` as it comes back from JSON (tuples as lists), so that a saved state
+    compares equal to the description it was saved with."""
+    return dict(json.loads(json.dumps(description)))
 
 
 ELASTIC_KEYS = ("num_replicas", "rank", "total_size")  # may differ: an elastic resume
@@ -401,14 +417,20 @@ def check(state: Any, config: dict[str, Any]) -> None:
         raise ValueError(
             f"this DataLoader state has version {state['version']!r}; this stoker reads version {VERSION}"
         )
-    saved = state.get("config", {})
+    saved = state.get("config")
+    if not isinstance(saved, dict):
+        raise ValueError("this DataLoader state lacks its 'config' (what it was saved over); it was not applied")
     differ = [
-        f"{key}: saved {saved.get(key)!r}, this loader {value!r}"
-        for key, value in config.items()
-        if saved.get(key) != value and key not in ELASTIC_KEYS
+        f"{key}: {_value(saved, key, 'saved')}, {_value(config, key, 'this loader')}"
+        for key in [*config, *(k for k in saved if k not in config)]
+        if key not in ELASTIC_KEYS and (key not in saved or key not in config or saved[key] != config[key])
     ]
     if differ:
         raise ValueError(
             "this DataLoader state comes from another configuration and was not applied; "
             + "; ".join(differ)
         )
+
+
+def _value(config: dict[str, Any], key: str, whose: str) -> str:
+    return f"{whose} {config[key]!r}" if key in config else f"{whose} records none"

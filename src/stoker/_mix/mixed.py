@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from .._data.datasets import Dataset
+from .._data.identity import describe_data, prefixed
 from .._stream.sampler import global_order
 from .mixing import MODES, WeightedMix, _pieces, integer_weights
 from .tokens import _describe, lengths_of
@@ -368,8 +369,14 @@ class MixedDataset(Dataset[Any]):
         return more
 
     def stoker_describe(self) -> dict[str, Any]:
-        """What a loader state saved over this dataset must agree on (see `StreamSampler`)."""
-        return {
+        """What a loader state saved over this dataset must agree on: everything a position's
+        (source, sample) depends on, and each source's own identity (`source.<i>.*`: a stoker
+        dataset's description, any other's type, length and Hugging Face fingerprint; see
+        `stoker._data.identity`). Document weights made from token weights are recorded as
+        made, so `tokens=` counts only through them; `window_shards` only when a source is
+        sharded; `field` is the packing's (a `PackedDataset` records it)."""
+        shard_ordered = [order is not None for order in self._orders]
+        out: dict[str, Any] = {
             "sizes": self.sizes,
             "schedule_starts": [start for start, _ in self.schedule],
             "weights": [w for _, w in self.schedule],
@@ -377,9 +384,15 @@ class MixedDataset(Dataset[Any]):
             "exhausted": self.exhausted,
             "seed": self.seed,
             "length": self.length,
-            "shard_ordered": [order is not None for order in self._orders],
-            "window_shards": self.window_shards,
+            "shard_ordered": shard_ordered,
         }
+        if self.weigh == "tokens":
+            out["document_weights"] = [list(w) for _, w in self._schedule]
+        if any(shard_ordered):
+            out["window_shards"] = self.window_shards
+        for i, source in enumerate(self.sources):
+            out.update(prefixed(f"source.{i}", describe_data(source)))
+        return out
 
     def stoker_doctor_lines(self, start: int = 0, stop: int | None = None) -> list[str]:
         """The lines `stoker doctor` prints for this dataset: the achieved and target shares

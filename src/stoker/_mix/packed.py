@@ -24,6 +24,7 @@ import numpy as np
 
 from .._data.datasets import Dataset
 from .._data.distributed import DistributedSampler
+from .._data.identity import describe_data, prefixed
 from .mixed import MixedDataset
 from .packing import (
     LONG,
@@ -294,18 +295,25 @@ class PackedDataset(Dataset[dict[str, Any]]):
         return sum(self._tokens) / (rows * self.seq_len) if rows else 0.0
 
     def stoker_describe(self) -> dict[str, Any]:
-        """What a loader state saved over this dataset must agree on (see `StreamSampler`)."""
-        inner = getattr(self.dataset, "stoker_describe", None)
-        out = {
+        """What a loader state saved over this dataset must agree on: every argument that
+        changes a row (not `tensors`, which changes only the rows' type), the stream's size,
+        and the documents' own description, under `mix.` for a `MixedDataset` and `data.`
+        for any other dataset (see `stoker._data.identity`).
+
+        This is the one place a new row-changing argument is recorded: add its key here
+        (tests/unit/test_stream_identity.py fails until every argument is accounted for)."""
+        out: dict[str, Any] = {
             "seq_len": self.seq_len,
             "window_size": self.window_size,
             "method": self.method,
             "long": self.long,
+            "pad_id": self.pad_id,
             "rows_per_epoch": self.rows_per_epoch,
+            "field": self.field,
             "documents": self._stream.size,
         }
-        if inner is not None:
-            out.update({f"mix.{k}": v for k, v in inner().items()})
+        inner = "mix" if isinstance(self.dataset, MixedDataset) else "data"
+        out.update(prefixed(inner, describe_data(self.dataset)))
         return out
 
     def stoker_doctor_lines(self) -> list[str]:
@@ -443,11 +451,6 @@ class StreamSampler(DistributedSampler):
         # here (every window before `first`, lengths only) is inherited, not planned again
         locate(first)
         return itertools.chain([first], indices)
-
-    def stoker_describe(self) -> dict[str, Any]:
-        """The stream's description, which a loader's state records and checks."""
-        describe = getattr(self.dataset, "stoker_describe", None)
-        return dict(describe()) if describe is not None else {}
 
     def __iter__(self) -> Iterator[int]:
         return self._iter_from(0)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .._data.datasets import Dataset
+from .._data.identity import array_digest
 
 
 class DocumentError(TypeError):
@@ -84,6 +85,7 @@ class TokenDataset(Dataset[np.ndarray]):
         self.tokens = tokens
         self.offsets = offsets.astype(np.int64, copy=False)
         self.lengths = steps
+        self._digests: tuple[str, str] | None = None  # (tokens, offsets), made at the first state
 
     @classmethod
     def from_documents(cls, documents: Sequence[Any], dtype: Any = None) -> TokenDataset:
@@ -121,6 +123,21 @@ class TokenDataset(Dataset[np.ndarray]):
         if not 0 <= index < len(self):
             raise IndexError(f"document {index} is out of range for {len(self)} documents")
         return self.tokens[self.offsets[index] : self.offsets[index + 1]]
+
+    def stoker_describe(self) -> dict[str, Any]:
+        """What a loader state saved over this dataset must agree on: the documents' and
+        tokens' counts, the tokens' dtype, and digests of the offsets and the tokens (whole up
+        to 64 MiB each, else a bounded sample: see `stoker._data.identity`), computed once."""
+        if self._digests is None:
+            self._digests = (array_digest(self.tokens), array_digest(self.offsets))
+        return {
+            "type": "TokenDataset",
+            "documents": len(self),
+            "tokens": len(self.tokens),
+            "dtype": self.tokens.dtype.str,
+            "offsets_digest": self._digests[1],
+            "tokens_digest": self._digests[0],
+        }
 
     def __repr__(self) -> str:
         return f"TokenDataset({len(self)} documents, {len(self.tokens)} tokens)"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import itertools
+import json
 import os
 import tempfile
 import threading
@@ -31,6 +32,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .._data.datasets import Dataset
+from .._data.identity import callable_name
 from .cache import ShardCache
 from .formats import decode_auto, read_parquet_row, read_tar_sample
 from .index import Index
@@ -157,6 +159,7 @@ class ShardedDataset(Dataset[Any]):
         self._planner: _Planner | None = None
         self._planner_pid = -1
         self._open_shards: _OpenShards | None = None
+        self._index_digest: str | None = None  # stoker_describe's, made at the first state
 
     def __len__(self) -> int:
         return len(self.index)
@@ -261,6 +264,26 @@ class ShardedDataset(Dataset[Any]):
         state["_planner_pid"] = -1
         state["_open_shards"] = None
         return state
+
+    def stoker_describe(self) -> dict[str, Any]:
+        """What a loader state saved over this dataset must agree on: the index's identity
+        (a digest of each shard's size, sha256 and sample count, in order: the same data at
+        another URL, or cached elsewhere, is the same stream) and the names of `decode` and
+        `transform` (their code is not compared). The store, cache and download arguments
+        change no sample and are not recorded."""
+        if self._index_digest is None:
+            shards = [[s.size, s.sha256, s.samples] for s in self.index.shards]
+            text = json.dumps([self.index.format, shards], separators=(",", ":"))
+            self._index_digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+        return {
+            "type": "ShardedDataset",
+            "samples": len(self.index),
+            "shards": len(self.index.shards),
+            "format": self.index.format,
+            "index_digest": self._index_digest,
+            "decode": callable_name(self.decode),
+            "transform": callable_name(self.transform),
+        }
 
     def __repr__(self) -> str:
         return f"ShardedDataset({self.url!r}, {len(self.index)} samples in {len(self.index.shards)} shards)"

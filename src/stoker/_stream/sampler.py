@@ -84,6 +84,12 @@ class ShardedSampler(DistributedSampler):
         """
         return {"epoch": self.epoch, "seed": self.seed, "window_shards": self.window_shards}
 
+    def stoker_describe(self) -> dict[str, Any]:
+        """What a loader state saved with this sampler must agree on, beyond what every
+        `DistributedSampler` records (seed, shuffle, drop_last): `window_shards`, when the
+        order is shuffled (unshuffled, it changes nothing)."""
+        return {"window_shards": self.window_shards} if self.shuffle else {}
+
 
 def global_order(starts: np.ndarray, seed: int, epoch: int, window_shards: int, shuffle: bool = True) -> np.ndarray:
     """The whole epoch's order of sample numbers (int64), before any rank takes its share.
