@@ -52,10 +52,9 @@ user-tier: $(STAMP) $(USER_STAMP)
 	STOKER_USER_TIER=1 STOKER_S3_SERVER_PYTHON=$(abspath $(PY)) $(USER_PY) -m pytest -q -p no:cacheprovider $(USER_TESTS)
 
 # Lint, type check, tests and the strict docs build run side by side: on a fresh clone the type
-# check alone takes ~35 s of one core (it reads torch's stubs). Then the user-install tier.
+# check alone takes ~35 s of one core (it reads torch's stubs); so does the user-install tier.
 test: $(STAMP)
-	$(MAKE) --no-print-directory -j3 lint typecheck pytest docs-strict
-	$(MAKE) --no-print-directory user-tier
+	$(MAKE) --no-print-directory -j4 lint typecheck pytest docs-strict user-tier
 
 typecheck: $(STAMP)
 	$(PY) -m mypy
