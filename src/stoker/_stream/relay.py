@@ -59,6 +59,8 @@ from .clients import (
 HANDSHAKE_S = 10.0
 # How often a process waiting for an answer checks that the owner is alive.
 OWNER_CHECK_S = 1.0
+# Fewer, larger copies through the socket for a download's chunks (the kernel may cap it).
+SOCKET_BUFFER_BYTES = 4 << 20
 # A frame: its kind (a pickled object, or raw bytes of a download) and length.
 _HEAD = struct.Struct("!cQ")
 _OBJECT = b"P"
@@ -154,6 +156,7 @@ class _Owner:
     def _serve(self, conn: socket.socket) -> None:
         with conn:
             try:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
                 if not self._admit(conn):
                     return
                 while True:
@@ -295,6 +298,7 @@ class RelayBackend(Backend):
             return made[1]
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
             sock.connect(self.address)
             sock.sendall(self.token)
             sock.settimeout(HANDSHAKE_S)
