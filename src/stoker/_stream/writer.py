@@ -320,7 +320,8 @@ def _run_part(plan: _Plan, part: int, lo: int, hi: int, source: Any = None) -> l
 def _context() -> Any:
     # On Linux, fork: the children inherit the source, which need not pickle (many datasets
     # hold open files or handles). A child runs only the source's __getitem__, the encoder and
-    # its own Store client, made anew after the fork. Elsewhere fork is unsafe: spawn, and the
+    # its own Store client, made anew after the fork (or asking this process, once this process
+    # has used obstore: see `relay`). Elsewhere fork is unsafe: spawn, and the
     # source is pickled to each child.
     if sys.platform.startswith("linux"):
         return multiprocessing.get_context("fork")
