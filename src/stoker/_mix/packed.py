@@ -29,12 +29,17 @@ from .mixed import MixedDataset
 from .packing import (
     LONG,
     METHODS,
+    Piece,
     Row,
     build_row,
     check_positive_int,
     check_seq_len,
     check_window_size,
+    check_window_unit,
+    piece_tokens,
+    plan_rows_window,
     plan_window,
+    window_take,
 )
 from .tokens import _check_document, lengths_of
 
@@ -53,6 +58,8 @@ if hasattr(os, "register_at_fork"):
 _DOCTOR_ROWS = 100_000  # what the doctor's report covers at most
 _PLANS_KEPT = 16  # window plans a process keeps (rows of the windows it is reading now)
 _GROW = 32  # windows planned in one step when the window table grows
+_CHECKPOINT = 16  # rows unit: the pieces carried into every 16th window are kept, to replan from
+_READ = 4096  # rows unit: documents' lengths read ahead at least this many at a time
 
 
 class _Stream:
@@ -87,10 +94,14 @@ class PackedDataset(Dataset[dict[str, Any]]):
     """Variable-length documents packed into rows of `seq_len` tokens, as a map-style dataset.
 
     The document stream (a `MixedDataset`'s positions, or any dataset of documents read in
-    order and cycled) is cut into fixed windows of `window_size` (K) documents; each window is
-    packed on its own, from its documents' lengths alone, so a row is addressed by (window,
-    row) and any process can make any row. Rows are numbered window after window: index g is
-    the g-th row of an endless packed stream that depends only on the document stream, K,
+    order and cycled) is cut into windows, each packed from its documents' lengths alone, so a
+    row is addressed by (window, row) and any process can make any row. With
+    `window_unit="documents"` a window is `window_size` (K) documents, packed on its own; with
+    `window_unit="rows"` a window makes K rows: it takes documents until their tokens fill K
+    rows, and the pieces that do not fit are carried to the next window and placed first, so
+    no row is left part empty for want of documents (tighter packing when K documents would
+    make only a few rows). Rows are numbered window after window: index g is the g-th row of an
+    endless packed stream that depends only on the document stream, K, the window unit,
     `seq_len`, `method` and `long` (the same on any number of workers and ranks).
     `len(ds)` is the epoch length in rows; `StreamSampler` walks the stream epoch after epoch.
 
@@ -109,19 +120,25 @@ class PackedDataset(Dataset[dict[str, Any]]):
     Planning reads lengths, not tokens: a `TokenDataset` (or a `MixedDataset` of them) gives
     them for free; any other dataset's documents are read once more to be measured. To find
     row g a process plans every window before it once (lengths only) and keeps the table of
-    rows per window.
+    rows (and, for rows windows, first documents) per window.
 
     Args:
         dataset: The documents: a map-style dataset of 1-D integer arrays (a `MixedDataset`,
             a `TokenDataset`, or any other).
         seq_len: The row length in tokens (int >= 1).
-        window_size: K, the documents packed together (int >= 1). Larger K packs tighter (see
-            the guide's table) and plans a little more per row. Defaults to 1024.
+        window_size: K, the window's size in `window_unit`s (int >= 1). Larger K packs tighter
+            (see the guide's table) and plans a little more per row. Defaults to 1024.
         method: "best_fit" (longest first, each into the fullest row it fits) or "greedy"
             (first-fit in stream order). Defaults to "best_fit".
         long: What to do with a document longer than `seq_len`: "split" (into full rows and a
             last piece packed like a document) or "drop". No other document is ever split.
             Defaults to "split".
+        window_unit: What `window_size` counts: "documents" (each window K documents, packed
+            on its own) or "rows" (each window K rows; the pieces that do not fit are carried
+            to the next window and placed first, oldest first). "rows" packs as tightly as
+            Grain's packers with K bins or tighter on every length law the guide measures,
+            where "documents" loses up to a few points when K documents make few rows. A
+            window takes at most one pass of the stream. Defaults to "documents".
         pad_id: The token id of padding. Defaults to 0.
         rows_per_epoch: The epoch length in rows. None means the rows that the windows
             covering the first len(dataset) documents make (planned at construction).
@@ -134,7 +151,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
     Raises:
         TypeError: when `seq_len`, `window_size` or `rows_per_epoch` is not an int, or
             `field` is not a str.
-        ValueError: when one is < 1, `method` or `long` is not an accepted value, the
+        ValueError: when one is < 1, `method`, `long` or `window_unit` is not an accepted value, the
             dataset is empty, its documents pack into no rows, or `field` differs from the
             mix's.
         DocumentError: (when a row is made or measured) a document that is not a 1-D integer
@@ -153,6 +170,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
         rows_per_epoch: int | None = None,
         tensors: bool = False,
         field: str | None = None,
+        window_unit: str = "documents",
     ) -> None:
         self.seq_len = check_seq_len(seq_len)
         self.window_size = check_window_size(window_size)
@@ -160,6 +178,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         if long not in LONG:
             raise ValueError(f"long must be one of {LONG}, got {long!r}")
+        self.window_unit = check_window_unit(window_unit)
         self.method, self.long, self.pad_id, self.tensors = method, long, int(pad_id), bool(tensors)
         self.dataset = dataset
         inner = getattr(dataset, "field", None) if isinstance(dataset, MixedDataset) else None
@@ -175,12 +194,22 @@ class PackedDataset(Dataset[dict[str, Any]]):
         self._stream = _Stream(dataset, field)
         self._cum: list[int] = [0]  # rows before each window planned so far, then their total
         self._tokens: list[int] = []  # real tokens of each window planned so far
-        self._plans: OrderedDict[int, list[Row]] = OrderedDict()
+        self._starts: list[int] = [0]  # rows unit: each planned window's first document, then the next's
+        self._carried: dict[int, list[Piece]] = {0: []}  # rows unit: carried into every _CHECKPOINT-th window
+        self._frontier: list[Piece] = []  # rows unit: what the last planned window carries on
+        self._read_at, self._read = 0, np.zeros(0, np.int64)  # rows unit: lengths read ahead
+        # window -> (rows, pieces carried on); lengths and carried pieces in, plans out
+        self._plans: OrderedDict[int, tuple[list[Row], list[Piece]]] = OrderedDict()
         self._lock = threading.RLock()  # thread workers share the table and the plans
         _LOCKED.add(self)
         if rows_per_epoch is None:
-            windows = math.ceil(self._stream.size / self.window_size)
-            self._grow_to_window(windows)
+            if self.window_unit == "rows":  # the windows whose first document is in the first pass
+                while self._starts[-1] < self._stream.size and self._grow_rows(len(self._tokens) + 1):
+                    pass
+                windows = len(self._tokens)
+            else:
+                windows = math.ceil(self._stream.size / self.window_size)
+                self._grow_to_window(windows)
             rows_per_epoch = self._cum[windows]
             if rows_per_epoch < 1:
                 raise ValueError(
@@ -204,25 +233,105 @@ class PackedDataset(Dataset[dict[str, Any]]):
         self._lock = threading.RLock()
         _LOCKED.add(self)
 
+    def _first_doc(self, window: int) -> int:
+        """The stream position of the first document `window` takes (rows unit: of a planned window)."""
+        return self._starts[window] if self.window_unit == "rows" else window * self.window_size
+
+    def _keep(self, window: int, plan: list[Row], carry: list[Piece]) -> None:
+        self._plans[window] = (plan, carry)
+        if len(self._plans) > _PLANS_KEPT:
+            self._plans.popitem(last=False)
+
     def _plan(self, window: int, lengths: np.ndarray | None = None) -> list[Row]:
+        """The rows of a window the table covers; pieces name documents by their index in the
+        window (documents unit) or by stream position (rows unit)."""
         with self._lock:  # reentrant: _grow_to_window holds it too
-            plan = self._plans.get(window)
-            if plan is not None:
+            kept = self._plans.get(window)
+            if kept is not None:
                 self._plans.move_to_end(window)
-                return plan
+                return kept[0]
+            if self.window_unit == "rows":
+                return self._plan_rows(window, self._carried_into(window))
             if lengths is None:
                 start = window * self.window_size
                 lengths = self._stream.lengths(start, start + self.window_size)
             plan = plan_window(lengths, self.seq_len, self.method, self.long)  # type: ignore[arg-type]
-            self._plans[window] = plan
-            if len(self._plans) > _PLANS_KEPT:
-                self._plans.popitem(last=False)
+            self._keep(window, plan, [])
             return plan
 
+    def _plan_rows(self, window: int, carried: list[Piece], lengths: np.ndarray | None = None) -> list[Row]:
+        a, b = self._starts[window], self._starts[window + 1]
+        if lengths is None:
+            lengths = self._stream.lengths(a, b)
+        plan, carry = plan_rows_window(
+            carried, lengths, a, self.window_size, self.seq_len, self.method, self.long  # type: ignore[arg-type]
+        )
+        self._keep(window, plan, carry)
+        return plan
+
+    def _carried_into(self, window: int) -> list[Piece]:
+        """The pieces carried into a window the table covers: from the previous window's kept
+        plan, else replanned from the last checkpoint (at most _CHECKPOINT - 1 windows)."""
+        if window in self._carried:
+            return self._carried[window]
+        kept = self._plans.get(window - 1)
+        if kept is not None:
+            return kept[1]
+        at = window - window % _CHECKPOINT
+        carried = self._carried[at]
+        for w in range(at, window):
+            self._plan_rows(w, carried)
+            carried = self._plans[w][1]
+        return carried
+
+    def _lengths_ahead(self, start: int, count: int) -> np.ndarray:
+        """The lengths of documents [start, start + count), through a read-ahead buffer (the
+        table grows window after window, each taking the documents after the last)."""
+        end = self._read_at + len(self._read)
+        if start < self._read_at or start + count > end:
+            if not self._read_at <= start <= end:
+                self._read_at, self._read = start, np.zeros(0, np.int64)
+                end = start
+            more = self._stream.lengths(end, max(start + count, end + _READ))
+            self._read = np.concatenate([self._read[start - self._read_at :], more])
+            self._read_at = start
+        return self._read[start - self._read_at : start - self._read_at + count]
+
+    def _grow_rows(self, windows: int) -> bool:
+        """Plan rows windows until the table covers the first `windows`; False when a window
+        made no row and carried nothing (a whole pass of the stream gave nothing to pack)."""
+        K, size = self.window_size, self._stream.size
+        while len(self._tokens) < windows:
+            window, carried = len(self._tokens), self._frontier
+            first, tokens = self._starts[-1], sum(e - s for _, s, e in carried)
+            count = min(size, _READ)
+            while True:  # a window takes at most one pass of the stream
+                ahead = piece_tokens(self._lengths_ahead(first, count), self.seq_len, self.long)  # type: ignore[arg-type]
+                take = window_take(tokens, ahead, K, self.seq_len)
+                if take is not None or count >= size:
+                    take = size if take is None else take
+                    break
+                count = min(size, 2 * count)
+            self._starts.append(first + take)
+            plan = self._plan_rows(window, carried, self._lengths_ahead(first, take))
+            self._frontier = self._plans[window][1]
+            if (window + 1) % _CHECKPOINT == 0:
+                self._carried[window + 1] = self._frontier
+            tokens += int(ahead[:take].sum()) - sum(e - s for _, s, e in self._frontier)
+            self._tokens.append(tokens)
+            self._cum.append(self._cum[-1] + len(plan))
+            if not plan and not self._frontier:
+                return False
+        return True
+
     def _grow_to_window(self, windows: int) -> None:
-        """Plan windows until the table covers the first `windows` of them."""
+        """Plan windows until the table covers the first `windows` of them (rows unit: or until
+        a window gives nothing to pack, which `locate` reports)."""
         K = self.window_size
         with self._lock:
+            if self.window_unit == "rows":
+                self._grow_rows(windows)
+                return
             while len(self._tokens) < windows:
                 first = len(self._tokens)
                 count = max(1, min(_GROW, windows - first))
@@ -253,7 +362,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
                 self._grow_to_window(before + _GROW)
                 if self._cum[-1] > self._cum[before]:
                     empty_from = len(self._tokens)
-                elif (len(self._tokens) - empty_from) * self.window_size > self._stream.size + self.window_size:
+                elif self._first_doc(len(self._tokens)) - self._first_doc(empty_from) > self._stream.size + self.window_size:
                     raise ValueError(
                         f"row {row} is past the end of the packed stream: a whole pass of the "
                         f"{self._stream.size} documents after row {self._cum[-1] - 1} gives no row"
@@ -269,7 +378,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
             row: The row (an int >= 0).
         """
         window, r = self.locate(row)
-        base = window * self.window_size
+        base = 0 if self.window_unit == "rows" else window * self.window_size
         return [(base + d, s, e) for d, s, e in self._plan(window)[r]]
 
     def __getitem__(self, row: int) -> dict[str, Any]:
@@ -305,6 +414,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
         out: dict[str, Any] = {
             "seq_len": self.seq_len,
             "window_size": self.window_size,
+            "window_unit": self.window_unit,
             "method": self.method,
             "long": self.long,
             "pad_id": self.pad_id,
@@ -322,17 +432,20 @@ class PackedDataset(Dataset[dict[str, Any]]):
         windows = self.locate(min(self.rows_per_epoch, _DOCTOR_ROWS) - 1)[0] + 1
         rows, tokens = self._cum[windows], sum(self._tokens[:windows])
         lines = [
-            f"packing: {self.method}, seq_len {self.seq_len}, {self.window_size} documents a window: "
+            f"packing: {self.method}, seq_len {self.seq_len}, {self.window_size} {self.window_unit} a window: "
             f"{rows:,} rows from {windows:,} windows, utilisation {tokens / (rows * self.seq_len):.4f} "
             "(real tokens over row tokens)"
         ]
         inner = getattr(self.dataset, "stoker_doctor_lines", None)
         if inner is not None:
-            lines.extend(inner(0, windows * self.window_size))
+            lines.extend(inner(0, self._first_doc(windows)))
         return lines
 
     def __repr__(self) -> str:
-        return f"PackedDataset(seq_len={self.seq_len}, window_size={self.window_size}, method={self.method!r}, rows_per_epoch={self.rows_per_epoch})"
+        return (
+            f"PackedDataset(seq_len={self.seq_len}, window_size={self.window_size}, window_unit={self.window_unit!r}, "
+            f"method={self.method!r}, rows_per_epoch={self.rows_per_epoch})"
+        )
 
 
 class _PlanningPackedDataset(PackedDataset):
