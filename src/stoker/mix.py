@@ -4,7 +4,8 @@
 schedule if asked) with no sampling drift; `PackedDataset` packs a stream of token documents
 into rows of `seq_len` tokens (best-fit or greedy, over fixed windows of K documents) with the
 fields variable-length attention takes; `StreamSampler` walks either stream epoch after epoch,
-split over ranks, so that a loader's `state_dict()` resumes exactly on another world size.
+split over ranks, so that a loader's `state_dict()` resumes exactly on another world size;
+Lightning, accelerate and the Hugging Face Trainer keep it as each rank's share.
 
     from stoker.mix import MixedDataset, PackedDataset, StreamSampler, TokenDataset, collate_packed
 

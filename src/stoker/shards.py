@@ -13,6 +13,9 @@ shard in one stretch, the same on any number of workers and ranks, so that a loa
     data = ShardedDataset("s3://bucket/train", cache_bytes=20 << 30)
     loader = DataLoader(data, batch_size=64, num_workers=8, sampler=ShardedSampler(data))
 
+Lightning, accelerate and the Hugging Face Trainer keep `ShardedSampler` as each rank's share
+instead of sharding its loader again (the guide's page on them says how).
+
 Remote stores need the `stream` extra (`pip install stoker[stream]`: obstore and fsspec);
 Parquet shards need `parquet` (pyarrow).
 """

@@ -6,6 +6,14 @@
 FLAVOUR "torch" imports DataLoader and Dataset from torch.utils.data, "stoker" from stoker.torch:
 the only difference between the two runs. Each rank writes OUT/FLAVOUR-PHASE-RANK.json.
 
+With stoker, each phase also runs stoker's own samplers of a rank's share (own_samplers.py:
+ShardedSampler over the shards the test wrote to OUT/own-shards, StreamSampler over packed
+rows), each in a stoker loader given to `prepare`: "first" iterates 2 epochs (gathering the
+sharded one's identities in the first), skip_first_batches into a third, stops a resumable one
+after 3 batches (its state_dict() to a file, and save_state of an Accelerator of its own), and
+prepares them under split_batches and dispatch_batches to catch stoker's warnings; "second"
+resumes the stopped ones with load_state and with load_state_dict.
+
 PHASE "first": a shuffled 64-sample loader (2 epochs, then a third for skip_first_batches), a
 144-sample one under gradient accumulation 2 (9 batches a rank), gather_for_metrics over 17
 samples, and a resumable loader stopped after 3 batches: its state_dict() to a file and
@@ -21,6 +29,7 @@ import faulthandler
 import json
 import os
 import sys
+import warnings
 from typing import Any
 
 import torch
@@ -38,6 +47,8 @@ from accelerate import Accelerator  # noqa: E402  (after the import that is the 
 from accelerate.utils import set_seed  # noqa: E402
 
 DataLoader, Dataset = data.DataLoader, data.Dataset
+if FLAVOUR == "stoker":
+    import own_samplers  # beside this script
 RESUME_SEED = 11
 STOP_AFTER = 3  # batches of the resumable loader before the "first" phase stops
 
@@ -68,6 +79,77 @@ def indices(batches: Any) -> list[list[int]]:
 def resumable(accelerator: Any) -> Any:
     set_seed(RESUME_SEED)  # accelerate seeds the sampler's generator from the global RNG
     return accelerator.prepare(DataLoader(Numbers(64), batch_size=4, shuffle=True, num_workers=2))
+
+
+def own_loader(sampler: str) -> Any:
+    return own_samplers.loader(sampler, os.path.join(OUT, "own-shards"), num_workers=2)
+
+
+def own_ids(sampler: str, loader: Any) -> list[int]:
+    return [i for batch in loader for i in own_samplers.identities(sampler, batch)]
+
+
+def own_resumable(sampler: str) -> tuple[Any, Any]:
+    """An Accelerator of its own (its save_state holds just these loaders), and sampler's loader
+    prepared by it."""
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    return accelerator, accelerator.prepare(own_loader(sampler))
+
+
+def own_samplers_first(accelerator: Any) -> dict[str, Any]:
+    from accelerate import DataLoaderConfiguration
+
+    out: dict[str, Any] = {}
+    for sampler in own_samplers.KINDS:
+        record: dict[str, Any] = {}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loader = accelerator.prepare(own_loader(sampler))
+            record["len"] = len(loader)
+            gathered: list[int] = []
+            epochs = []
+            for epoch in range(2):
+                seen = []
+                for batch in loader:
+                    seen += own_samplers.identities(sampler, batch)
+                    if sampler == "sharded" and epoch == 0:
+                        gathered += accelerator.gather_for_metrics(batch["cls"]).tolist()
+                epochs.append(seen)
+            skipped = accelerator.skip_first_batches(loader, 2)  # into the third epoch
+            record.update(epochs=epochs, gathered=gathered, skipped=own_ids(sampler, skipped),
+                          kinds=sorted({kind(loader.base_dataloader), kind(skipped.base_dataloader)}))
+            own, resumable = own_resumable(sampler)
+            iterator = iter(resumable)
+            record["head"] = [i for _ in range(STOP_AFTER) for i in own_samplers.identities(sampler, next(iterator))]
+            with open(os.path.join(OUT, f"own-{sampler}-{accelerator.process_index}.json"), "w") as saved:
+                json.dump(resumable.state_dict(), saved)
+            own.save_state(os.path.join(OUT, f"own-state-{sampler}"))
+            iterator.close()
+        record["warnings"] = [str(w.message) for w in caught if "stoker" in str(w.message) or "share" in str(w.message)]
+        warned = {}
+        for setting in ("split_batches", "dispatch_batches"):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                config = DataLoaderConfiguration(**{setting: True})
+                Accelerator(cpu=True, gradient_accumulation_steps=2, dataloader_config=config).prepare(own_loader(sampler))
+            warned[setting] = [str(w.message) for w in caught if "share" in str(w.message)]
+        record["warned"] = warned
+        out[sampler] = record
+    return out
+
+
+def own_samplers_second() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for sampler in own_samplers.KINDS:
+        own, loader = own_resumable(sampler)
+        own.load_state(os.path.join(OUT, f"own-state-{sampler}"))
+        record = {"after_load_state": own_ids(sampler, loader)}
+        _, loader = own_resumable(sampler)
+        with open(os.path.join(OUT, f"own-{sampler}-{own.process_index}.json")) as saved:
+            loader.load_state_dict(json.load(saved))
+        record["after_load_state_dict"] = own_ids(sampler, loader)
+        out[sampler] = record
+    return out
 
 
 def main() -> None:
@@ -166,6 +248,7 @@ def main() -> None:
             record["auto"] = {"given_num_workers": given.num_workers, "seen": seen, "kind": kind(base),
                               "num_workers_is_int": isinstance(base.num_workers, int),
                               "choice": base.stats().choice}
+            record["own"] = own_samplers_first(accelerator)
     else:
         # accelerate's checkpoint, back into loaders prepared in the same order
         loader = resumable(accelerator)
@@ -179,6 +262,7 @@ def main() -> None:
                 loader.load_state_dict(json.load(saved))
             record["after_load_state_dict"] = indices(loader)
             record["resumed_kind"] = kind(loader.base_dataloader)
+            record["own"] = own_samplers_second()
     with open(os.path.join(OUT, f"{FLAVOUR}-{PHASE}-{rank}.json"), "w") as out:
         json.dump(record, out)
     accelerator.end_training()

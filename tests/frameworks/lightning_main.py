@@ -18,8 +18,15 @@ and, in that one process group, runs in turn:
   given to `fit` (Lightning re-creates it from its attributes) and a val loader made in a hook
   (from its recorded arguments), 1 epoch; what each re-created loader's "auto" chose.
 
-CASE "resume" starts a new process group that resumes "first" from its checkpoint
-(`trainer.fit(model, ckpt_path=...)`) and runs to the end of the second epoch.
+- own (stoker only): for stoker's own samplers of a rank's share (ShardedSampler over shards in
+  OUTDIR/own-shards, which the test wrote, and StreamSampler over packed rows; see
+  own_samplers.py), a loader returned by `train_dataloader` under the default
+  `use_distributed_sampler=True`: 2 epochs, and the same run stopped after step 3 with a
+  checkpoint at that step.
+
+CASE "resume" starts a new process group that resumes "first" (and, stoker only, each own
+sampler's stopped run) from its checkpoint (`trainer.fit(model, ckpt_path=...)`) and runs to the
+end of the second epoch.
 
 Every sample is (x, index, the id torch.utils.data.get_worker_info() gives in the worker that
 made it, 1 if stoker's worker made it): a stage's record is its batches, each
@@ -51,6 +58,8 @@ from lightning_fabric import Fabric  # noqa: E402
 from pytorch_lightning.callbacks import BasePredictionWriter, ModelCheckpoint  # noqa: E402
 
 DataLoader, Dataset, IterableDataset = data.DataLoader, data.Dataset, data.IterableDataset
+if FLAVOUR == "stoker":
+    import own_samplers  # beside this script
 
 
 def made_by_stoker() -> int:
@@ -326,6 +335,50 @@ def resume_runs(runs: dict[str, Any], phase: str) -> int:
     return run.global_rank
 
 
+class OwnSampler(pl.LightningModule):
+    """Trains on a loader with one of stoker's own samplers; notes each batch's identities."""
+
+    def __init__(self, kind: str, record: dict[str, Any]) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.kind = kind
+        self.record = record
+        record["train"] = []
+
+    def training_step(self, batch: Any, index: int) -> Any:
+        self.record["train"].append([self.current_epoch, own_samplers.identities(self.kind, batch)])
+        self.record["loader"] = describe(self.trainer.train_dataloader)
+        return self.layer(torch.ones(1, 1)).sum()
+
+    def configure_optimizers(self) -> Any:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self) -> Any:
+        loader = own_samplers.loader(self.kind, os.path.join(OUT, "own-shards"), num_workers=1)
+        self.record["given"] = id(loader)
+        return loader
+
+
+def own_sampler_runs(runs: dict[str, Any], phase: str) -> None:
+    """Per own sampler, as resume_runs: full (2 epochs), first (stopped after step 3, a
+    checkpoint saved there) or second (resumed from it)."""
+    for kind in own_samplers.KINDS:
+        record: dict[str, Any] = {}
+        folder = os.path.join(OUT, f"checkpoints-own-{kind}")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if phase == "full":
+                trainer().fit(OwnSampler(kind, record))
+            elif phase == "first":
+                saver = ModelCheckpoint(dirpath=folder, every_n_train_steps=3, save_top_k=-1)
+                trainer(max_steps=3, enable_checkpointing=True, callbacks=[saver]).fit(OwnSampler(kind, record))
+            else:
+                (path,) = glob.glob(os.path.join(folder, "*.ckpt"))
+                trainer().fit(OwnSampler(kind, record), ckpt_path=path)
+        record["unsharded"] = unsharded(caught)
+        runs[f"own-{kind}-{phase}"] = record
+
+
 def dump(rank: int, runs: dict[str, Any]) -> None:
     runs["rank"] = rank
     runs["stoker_imported"] = "stoker" in sys.modules
@@ -346,8 +399,12 @@ def main() -> None:
         resume_runs(runs, "first")
         if FLAVOUR == "stoker":
             auto_case(runs)
+            own_sampler_runs(runs, "full")
+            own_sampler_runs(runs, "first")
     elif CASE == "resume":
         rank = resume_runs(runs, "second")
+        if FLAVOUR == "stoker":
+            own_sampler_runs(runs, "second")
     else:
         raise SystemExit(f"unknown case {CASE!r}")
     dump(rank, runs)

@@ -26,11 +26,14 @@ if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("this torch build has no gloo backend", allow_module_level=True)
 
 
+import own_samplers  # noqa: E402
+
 from namespaces import loopback_only, run_in_namespace  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("accelerate_main.py")
-LAUNCH_TIMEOUT_S = 50
+LAUNCH_TIMEOUT_S = 75  # the stoker flavour runs its own samplers too
 FLAVOURS = ["torch", "stoker"]
+STOP_AFTER_OWN = 3  # accelerate_main.py's STOP_AFTER
 LOADER = {"torch": "torch.utils.data.dataloader.DataLoader", "stoker": "stoker._core.torch_loader.DataLoader"}
 
 NO_NAMESPACE = loopback_only()
@@ -55,6 +58,7 @@ def launch(flavour: str, phase: str, out: Path) -> list[dict[str, Any]]:
 
 
 _runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+_folders: dict[str, Path] = {}
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +68,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
     def get(flavour: str) -> dict[str, list[dict[str, Any]]]:
         if flavour not in _runs:
             out = tmp_path_factory.mktemp(f"accelerate-{flavour}")
+            _folders[flavour] = out
+            if flavour == "stoker":  # the shards the own samplers read
+                own_samplers.write(str(out / "own-shards"))
             _runs[flavour] = {phase: launch(flavour, phase, out) for phase in ("first", "second")}
         return _runs[flavour]
 
@@ -169,6 +176,43 @@ def test_auto_workers_survive_prepare(runs: Any) -> None:
         assert isinstance(chosen["given_num_workers"], int) and chosen["given_num_workers"] >= 1
         assert chosen["kind"] == LOADER["stoker"] and chosen["num_workers_is_int"]
         assert chosen["choice"].startswith("num_workers="), chosen
+
+
+@on_two_ranks
+@pytest.mark.parametrize("kind", own_samplers.KINDS)
+def test_own_samplers_give_each_rank_its_share_as_without_accelerate(kind: str, runs: Any) -> None:
+    """A ShardedSampler or StreamSampler already gives each rank its share; accelerate's
+    BatchSamplerShard would keep every other batch of it. Prepared, the loader gives each rank
+    exactly what the plain loader gives it without accelerate, in order, every epoch
+    (accelerate sets the sampler's epoch); skip_first_batches, save_state/load_state and the
+    loader's own state_dict resume it exactly; gather_for_metrics drops nothing."""
+    result = runs("stoker")
+    folder = str(_folders["stoker"] / "own-shards")
+    batches = -(-own_samplers.share(kind) // own_samplers.BATCH)
+    skip = 2 * own_samplers.BATCH
+    head = STOP_AFTER_OWN * own_samplers.BATCH
+    plain = [own_samplers.plain(kind, folder, rank, epochs=3) for rank in range(2)]
+    for rank, (first, second) in enumerate(zip(result["first"], result["second"])):
+        ours, resumed, expected = first["own"][kind], second["own"][kind], plain[rank]
+        assert ours["epochs"] == expected[:2], rank
+        assert len(ours["epochs"][0]) == own_samplers.share(kind) and ours["len"] == batches
+        assert ours["skipped"] == expected[2][skip:], rank
+        assert ours["head"] == expected[0][:head]
+        assert resumed["after_load_state"] == expected[0][head:], rank
+        assert resumed["after_load_state_dict"] == expected[0][head:], rank
+        assert ours["kinds"] == [LOADER["stoker"]]
+        assert ours["warnings"] == []
+        if kind == "sharded":  # every rank's every sample, the sampler's padding included
+            assert sorted(ours["gathered"]) == sorted(plain[0][0] + plain[1][0])
+
+
+@on_two_ranks
+@pytest.mark.parametrize("setting", ["split_batches", "dispatch_batches"])
+def test_own_samplers_warn_where_accelerate_splits_batches_itself(setting: str, runs: Any) -> None:
+    for rank in runs("stoker")["first"]:
+        for kind in own_samplers.KINDS:
+            (message,) = rank["own"][kind]["warned"][setting]
+            assert f"{setting}=True" in message and f"{setting}=False" in message, message
 
 
 # ------------------------------------------------------------ in one process, no ranks

@@ -32,6 +32,7 @@ pl = pytest.importorskip("pytorch_lightning")
 dist = pytest.importorskip("torch.distributed")
 
 import numpy as np  # noqa: E402
+import own_samplers  # noqa: E402
 import psutil  # noqa: E402
 import torch.utils.data as tud  # noqa: E402
 from lightning_fabric import Fabric  # noqa: E402
@@ -108,8 +109,12 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         if (case, flavour) not in _launched:
             if flavour not in folders:
                 folders[flavour] = tmp_path_factory.mktemp(f"lightning-{flavour}")
+                if flavour == "stoker":  # the shards the own samplers' runs read
+                    own_samplers.write(str(folders[flavour] / "own-shards"))
             _launched[case, flavour] = launch(case, flavour, folders[flavour])
         return _launched[case, flavour]
+
+    get.folders = folders  # type: ignore[attr-defined]
 
     yield get
     _launched.clear()
@@ -290,6 +295,48 @@ def test_resuming_from_a_mid_epoch_checkpoint(flavour: str, ranks: Any) -> None:
         else:
             assert after["checkpoint"]["loader_states"] == 0
             assert after_batches[:5] == full_batches[:5], rank
+
+
+# ------------------------------------------- two ranks: stoker's own samplers
+def _own_batches(record: dict[str, Any], epoch: int | None = None) -> list[list[int]]:
+    return [batch[1] for batch in record["train"] if epoch is None or batch[0] == epoch]
+
+
+@on_two_ranks
+@launching
+@pytest.mark.parametrize("kind", own_samplers.KINDS)
+def test_own_samplers_give_each_rank_its_share_as_without_lightning(kind: str, ranks: Any) -> None:
+    """A ShardedSampler or StreamSampler is a torch DistributedSampler (made while torch is
+    imported): under the default use_distributed_sampler=True Lightning keeps the loader as
+    given, and each rank trains on exactly what the plain loader gives it without Lightning,
+    in the same order, every epoch (Lightning calls the sampler's set_epoch)."""
+    records = ranks("ddp", "stoker")
+    folder = str(ranks.folders["stoker"] / "own-shards")
+    for rank, record in enumerate(r[f"own-{kind}-full"] for r in records):
+        expected = own_samplers.plain(kind, folder, rank)
+        for epoch in range(2):
+            seen = [i for batch in _own_batches(record, epoch) for i in batch]
+            assert len(seen) == own_samplers.share(kind)
+            assert seen == expected[epoch], (rank, epoch)
+        assert record["loader"]["id"] == record["given"]  # not re-created around another sampler
+        assert record["loader"]["sampler"].endswith("ShardedSampler" if kind == "sharded" else "StreamSampler")
+        assert record["unsharded"] == []
+
+
+@on_two_ranks
+@launching
+@pytest.mark.parametrize("kind", own_samplers.KINDS)
+def test_own_samplers_resume_from_a_mid_epoch_checkpoint(kind: str, ranks: Any) -> None:
+    """Stopped after step 3 with a checkpoint there, resumed in a new process group: the
+    batches before and after are the uninterrupted run's, batch for batch."""
+    done = ranks("ddp", "stoker")
+    resumed = ranks("resume", "stoker")
+    for rank, (whole, before, after) in enumerate(zip(*([r[f"own-{kind}-{phase}"] for r in rs]
+                                                       for rs, phase in ((done, "full"), (done, "first"),
+                                                                         (resumed, "second"))))):
+        assert len(_own_batches(before)) == 3, rank
+        assert _own_batches(before) + _own_batches(after) == _own_batches(whole), rank
+        assert [b[0] for b in before["train"] + after["train"]] == [b[0] for b in whole["train"]], rank
 
 
 # ------------------------------------------------------------ one process

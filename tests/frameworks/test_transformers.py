@@ -25,10 +25,12 @@ if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("this torch build has no gloo backend", allow_module_level=True)
 
 
+import own_samplers  # noqa: E402
+
 from namespaces import loopback_only, run_in_namespace  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("transformers_main.py")
-LAUNCH_TIMEOUT_S = 60
+LAUNCH_TIMEOUT_S = 90  # the stoker flavour runs its own samplers too
 FLAVOURS = ["torch", "stoker"]
 LOADER = {"torch": "torch.utils.data.dataloader.DataLoader", "stoker": "stoker._core.torch_loader.DataLoader"}
 STEPS_PER_EPOCH = 8  # 64 samples, 2 ranks, 4 a step
@@ -58,6 +60,7 @@ def launch(flavour: str, phase: str, out: Path) -> list[dict[str, Any]]:
 
 
 _runs: dict[str, dict[str, Any]] = {}
+_folders: dict[str, Path] = {}
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +70,19 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Any:
     def get(flavour: str) -> dict[str, Any]:
         if flavour not in _runs:
             out = tmp_path_factory.mktemp(f"trainer-{flavour}")
+            _folders[flavour] = out
+            if flavour == "stoker":  # the shards the own samplers read
+                own_samplers.write(str(out / "own-shards"))
             first, second = (launch(flavour, phase, out) for phase in ("first", "second"))
             _runs[flavour] = {
                 "full": [rank["full"] for rank in first],
                 "stopped": [rank["stopped"] for rank in first],
                 "resumed": [rank["resumed"] for rank in second],
             }
+            for run in (first, second):
+                for name in run[0]:
+                    if name.startswith("own-"):
+                        _runs[flavour][name] = [rank[name] for rank in run]
         return _runs[flavour]
 
     yield get
@@ -114,3 +124,25 @@ def test_adopted_the_ranks_see_what_torchs_loader_gives_them(runs: Any) -> None:
     torch_run, stoker_run = runs("torch"), runs("stoker")
     for run in ("full", "resumed"):
         assert [rank["steps"] for rank in stoker_run[run]] == [rank["steps"] for rank in torch_run[run]]
+
+
+@pytest.mark.parametrize("kind", own_samplers.KINDS)
+def test_own_samplers_give_each_rank_its_share_as_without_the_trainer(kind: str, runs: Any) -> None:
+    """A Trainer whose _get_train_sampler gives a ShardedSampler or StreamSampler, adopted: each
+    rank trains on exactly what the plain loader gives it without the Trainer, in order, both
+    epochs (accelerate's shard left open, the sampler's epoch set); a run resumed from a
+    mid-epoch checkpoint continues with exactly the rest, and stoker's loader does the work."""
+    result = runs("stoker")
+    folder = str(_folders["stoker"] / "own-shards")
+    per_epoch = -(-own_samplers.share(kind) // own_samplers.BATCH)
+    for rank in range(2):
+        full, stopped, resumed = (result[f"own-{kind}-{run}"][rank] for run in ("full", "stopped", "resumed"))
+        expected = own_samplers.plain(kind, folder, rank)
+        assert len(full["steps"]) == 2 * per_epoch, rank
+        for epoch in range(2):
+            steps = full["steps"][epoch * per_epoch:(epoch + 1) * per_epoch]
+            assert [i for step in steps for i in step] == expected[epoch], (rank, epoch)
+        assert stopped["steps"] == full["steps"][:STOP_AT]
+        assert resumed["steps"] == full["steps"][STOP_AT:], rank
+        assert full["kinds"] == [LOADER["stoker"]]
+        assert sorted(resumed["kinds"]) == sorted([LOADER["stoker"], "skipped " + LOADER["stoker"]])

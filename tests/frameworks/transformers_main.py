@@ -11,6 +11,10 @@ worker made them, and which loader the Trainer iterated.
 PHASE "first": an uninterrupted run (2 epochs of 8 steps a rank), then the same run stopped after
 its step 3 with a checkpoint there (save_steps=3). PHASE "second" (a new process group): resume
 from that checkpoint (resume_from_checkpoint) to the end.
+
+With stoker, each phase does the same for stoker's own samplers of a rank's share
+(own_samplers.py: ShardedSampler over the shards the test wrote to OUT/own-shards, StreamSampler
+over packed rows), given to the adopted Trainer by overriding its `_get_train_sampler`.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ if os.environ.get("STACKS_AFTER_S"):  # a hung rank shows where it waits, then e
     faulthandler.dump_traceback_later(float(os.environ["STACKS_AFTER_S"]), exit=True)
 
 if FLAVOUR == "stoker":
+    import own_samplers  # beside this script
+
     import stoker.torch
 
 import transformers.trainer  # noqa: E402
@@ -107,11 +113,59 @@ def train(name: str, stop: bool = False, resume: str | None = None) -> dict[str,
             "rank": args.process_index}
 
 
+class OwnModel(torch.nn.Module):
+    """Notes the identities of each batch it gets (a dict: the Trainer calls forward(**batch))."""
+
+    def __init__(self, sampler: str) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(1, 1)
+        self.sampler = sampler
+
+    def forward(self, **batch: Any) -> dict[str, Any]:
+        record["steps"].append(own_samplers.identities(self.sampler, batch))
+        return {"loss": (self.layer(torch.ones(1, 1)) ** 2).mean()}
+
+
+class OwnSamplerTrainer(Trainer):
+    """The Trainer builds its own sampler; a user's own is given where it does."""
+
+    own: str
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> Any:
+        return own_samplers.sampler(self.own, self.train_dataset if train_dataset is None else train_dataset)
+
+
+def own_train(sampler: str, name: str, stop: bool = False, resume: str | None = None) -> dict[str, Any]:
+    record.update(steps=[], by_stoker=set(), kinds=set())
+    args = TrainingArguments(
+        output_dir=os.path.join(OUT, f"own-{sampler}-{name}"), per_device_train_batch_size=own_samplers.BATCH,
+        num_train_epochs=2, use_cpu=True, report_to=[], remove_unused_columns=False, dataloader_num_workers=2,
+        seed=3, save_strategy="steps" if stop else "no", save_steps=STOP_AT, logging_strategy="no",
+        disable_tqdm=True,
+    )
+    data = own_samplers.dataset(sampler, os.path.join(OUT, "own-shards"))
+    collate = own_samplers.collate(sampler)
+    trainer = OwnSamplerTrainer(model=OwnModel(sampler), args=args, train_dataset=data, callbacks=[Watch(stop)],
+                                **({} if collate is None else {"data_collator": collate}))
+    trainer.own = sampler
+    stoker.torch.adopt(trainer)
+    trainer.train(resume_from_checkpoint=resume)
+    return {"steps": record["steps"], "kinds": sorted(record["kinds"])}
+
+
 def main() -> None:
     if PHASE == "first":
         runs = {"full": train("full"), "stopped": train("stopped", stop=True)}
+        if FLAVOUR == "stoker":
+            for sampler in own_samplers.KINDS:
+                runs[f"own-{sampler}-full"] = own_train(sampler, "full")
+                runs[f"own-{sampler}-stopped"] = own_train(sampler, "stopped", stop=True)
     else:
         runs = {"resumed": train("resumed", resume=os.path.join(OUT, f"{FLAVOUR}-stopped", f"checkpoint-{STOP_AT}"))}
+        if FLAVOUR == "stoker":
+            for sampler in own_samplers.KINDS:
+                checkpoint = os.path.join(OUT, f"own-{sampler}-stopped", f"checkpoint-{STOP_AT}")
+                runs[f"own-{sampler}-resumed"] = own_train(sampler, "resumed", resume=checkpoint)
     rank = runs[next(iter(runs))]["rank"]
     with open(os.path.join(OUT, f"{FLAVOUR}-{PHASE}-{rank}.json"), "w") as out:
         json.dump(runs, out)

@@ -6,7 +6,7 @@ import math
 import os
 import sys
 from collections.abc import Iterator, Sized
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -223,3 +223,59 @@ class DistributedSampler(Sampler[int]):
             A dict with `epoch` and `seed`.
         """
         return {"epoch": self.epoch, "seed": self.seed}
+
+
+class RankShareSampler(DistributedSampler):
+    """Base of stoker's own samplers of one rank's share that torch has no class for
+    (`ShardedSampler`, `StreamSampler`).
+
+    Training frameworks shard a loader again unless its sampler is a
+    `torch.utils.data.DistributedSampler`: Lightning and Fabric wrap any other sampler in theirs,
+    and each rank would read half of its share. So an instance made while torch is imported is
+    also of torch's DistributedSampler kind (`torch_kinds.rank_share_kind`: a subclass of both,
+    named as its class), and the frameworks keep it; made without torch, it is this class, and
+    `import stoker.shards` or `stoker.mix` never imports torch. accelerate shards whatever it
+    gets: stoker's wrapping of `accelerator.prepare` (`_frameworks/accelerate.py`) finds these
+    samplers by this class and keeps their shares.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        kind: type = cls
+        if "torch.utils.data" in sys.modules:  # imported by someone: never imported from here
+            from .torch_kinds import rank_share_kind
+
+            kind = rank_share_kind(cls)
+        return object.__new__(kind)
+
+    def _rest_of_elastic_epoch(self) -> list[int]:
+        consumed, old_replicas, old_total = self._elastic  # type: ignore[misc]
+        if (old_replicas, old_total) == (self.num_replicas, self.total_size):
+            # the same world, another rank's state (Lightning saves rank 0's loader state and
+            # every rank loads it): this rank's share as the uninterrupted epoch gives it, from
+            # where every rank was; its padding too, though an old rank may have read that sample
+            share = self._pad(self._order(), self.total_size)[self.rank : self.total_size : self.num_replicas]
+            return share[consumed:]
+        return super()._rest_of_elastic_epoch()
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        # the torch kind is made at run time: pickled as its plain class and made again,
+        # of the kind the unpickling process gives it
+        getstate = getattr(self, "__getstate__", None)
+        state = getstate() if getstate is not None else dict(vars(self))
+        return (_made_again, (plain_kind(type(self)), state))
+
+
+def plain_kind(cls: type) -> type:
+    """The class a rank-share sampler's torch kind was made from (or `cls` itself)."""
+    return cast(type, vars(cls).get("_plain_kind", cls))
+
+
+def _made_again(cls: Any, state: Any) -> Any:
+    """A pickled rank-share sampler, made again (its kind chosen in this process)."""
+    made = cls.__new__(cls)
+    setstate = getattr(made, "__setstate__", None)
+    if setstate is not None:
+        setstate(state)
+    elif state:
+        vars(made).update(state)
+    return made

@@ -12,6 +12,12 @@ accelerator.prepare(stoker loader) ──▶ accelerate: shard, wrap, build torc
                                     ──▶ here: wrapper.base_dataloader = stoker DataLoader(same arguments)
 ```
 
+A loader whose sampler already gives each rank its share (stoker's `ShardedSampler` or
+`StreamSampler`, any loader's) would lose part of it to accelerate's `BatchSamplerShard`, which
+shards whatever it gets: `keep_share` makes that shard a pass-through, so each rank reads its
+share exactly as without accelerate; where accelerate splits batches across ranks itself
+(`split_batches`, `dispatch_batches`) it cannot, and every rank warns naming the setting.
+
 Everything accelerate does around the loader stays accelerate's: the shard, device placement,
 `GradientState` (`sync_gradients` at the end of each epoch, `gather_for_metrics` dropping the
 padding), `skip_first_batches`, and the per-batch `state_dict()` its wrapper keeps (stoker's
@@ -42,6 +48,7 @@ ACCELERATOR_MODULE = "accelerate.accelerator"
 OPTIONS = ("thread_pool", "max_worker_restarts", "seed_each_batch", "stats", "progress")
 _WRAPPED = "_stoker_wrapped"
 _ADOPTED = "_stoker_options"
+_PASSTHROUGH = "_stoker_passthrough"  # marks a BatchSamplerShard keep_share opened
 
 
 # --------------------------------------------------------------------- the rebuild
@@ -92,10 +99,95 @@ def rebuild(made: Any, options: dict[str, Any]) -> Any:
     if isinstance(made.dataset, tud.IterableDataset):
         kwargs.update(batch_size=made.batch_size, drop_last=made.drop_last)
     elif made.batch_sampler is not None:
-        kwargs.update(batch_sampler=made.batch_sampler)
+        opened = _opened(made.batch_sampler)
+        if opened is not made.batch_sampler and _plain_batches(opened):
+            # the loader's own batching, as the user's loader had it (its state then records
+            # the batch size an elastic resume counts with)
+            kwargs.update(sampler=opened.sampler, batch_size=opened.batch_size, drop_last=opened.drop_last)
+        else:
+            kwargs.update(batch_sampler=opened)
     else:  # a sampler that yields whole batches (batch_size=None)
-        kwargs.update(sampler=made.sampler, batch_size=None)
+        kwargs.update(sampler=_opened(made.sampler), batch_size=None)
     return _stoker_loader_class()(**kwargs, **options)
+
+
+def _opened(batch_sampler: Any) -> Any:
+    """The batch sampler inside a shard that `keep_share` made a pass-through (stoker's loader
+    then skips a resumed epoch's batches without drawing them), else `batch_sampler`."""
+    return batch_sampler.batch_sampler if getattr(batch_sampler, _PASSTHROUGH, False) else batch_sampler
+
+
+def _plain_batches(batch_sampler: Any) -> bool:
+    """Whether `batch_sampler` is torch's or stoker's own BatchSampler, batching as a loader's
+    `batch_size` and `drop_last` do."""
+    import torch.utils.data as tud
+
+    from .._data import samplers, torch_kinds
+
+    kinds = (tud.BatchSampler, samplers.BatchSampler, torch_kinds.BatchSampler)
+    return type(batch_sampler) in kinds and getattr(batch_sampler, "last_batch", "keep") in ("keep", "discard")
+
+
+# --------------------------------------------------------------------- rank shares
+def _rank_share(index_sampler: Any) -> tuple[Any, list[Any]]:
+    """The stoker sampler of one rank's share (a `RankShareSampler`) that `index_sampler`
+    draws from, through accelerate's wrappers (`BatchSamplerShard`, `SkipBatchSampler`) and a
+    `BatchSampler`, or None; and the `BatchSamplerShard`s met on the way."""
+    from .._data.distributed import RankShareSampler
+
+    shards: list[Any] = []
+    part = index_sampler
+    for _ in range(8):  # a few wrappers deep at most
+        if part is None or isinstance(part, RankShareSampler):
+            return part, shards
+        if all(hasattr(part, name) for name in ("batch_sampler", "num_processes", "process_index")):
+            shards.append(part)
+        inner = getattr(part, "batch_sampler", None)
+        part = inner if inner is not None else getattr(part, "sampler", None)
+    return None, shards
+
+
+def _warn_kept_not(setting: str, share: Any) -> None:
+    warnings.warn(
+        f"this DataLoader's {type(share).__name__} already gives each rank its share, and accelerate's "
+        f"{setting}=True splits every batch across the ranks again, so each rank trains on part of "
+        f"its share only; keep the share whole with {setting}=False (DataLoaderConfiguration("
+        f"{setting}=False) given to the Accelerator, or in the Trainer's accelerator_config)",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
+def keep_share(prepared: Any) -> None:
+    """Give each rank the share its sampler gives it, in its order, when `prepared` (what
+    accelerate made of a loader) wraps a loader whose sampler is stoker's `ShardedSampler` or
+    `StreamSampler`: accelerate's `BatchSamplerShard` becomes a pass-through (one process, its
+    batches as they come, the last one as short as it is). `gather_for_metrics` then keeps
+    every gathered sample: accelerate's count of the samples to cut off the last batch assumes
+    its own shard, and a sampler's padding (`drop_last=False`) is spread over the ranks.
+    Warns when accelerate splits batches itself (`split_batches`, `dispatch_batches`)."""
+    base = vars(prepared).get("base_dataloader") if hasattr(prepared, "__dict__") else None
+    if base is None:
+        return
+    share, shards = _rank_share(base.batch_sampler if base.batch_sampler is not None else base.sampler)
+    if share is None:
+        return
+    dispatcher = getattr(sys.modules.get("accelerate.data_loader"), "DataLoaderDispatcher", None)
+    if dispatcher is not None and isinstance(type(prepared), type) and issubclass(type(prepared), dispatcher):
+        _warn_kept_not("dispatch_batches", share)
+        return
+    if any(getattr(shard, "split_batches", False) and shard.num_processes > 1 for shard in shards):
+        _warn_kept_not("split_batches", share)
+        return
+    for shard in shards:
+        shard.num_processes, shard.process_index, shard.even_batches = 1, 0, False
+        setattr(shard, _PASSTHROUGH, True)
+        inner = getattr(shard.batch_sampler, "sampler", None)
+        if inner is not None and not hasattr(shard, "sampler"):
+            # accelerate's set_epoch looks two levels deep for a sampler: through the
+            # SkipBatchSampler of skip_first_batches, this is the second
+            shard.sampler = inner
+    prepared._drop_last = True  # no remainder: gather_for_metrics cuts nothing
 
 
 def keep_stoker(prepared: Any, options: dict[str, Any]) -> Any:
@@ -174,7 +266,9 @@ def _warn_unpatched(reason: str) -> None:
         _warned = True
         warnings.warn(
             f"{reason}; stoker loaders given to accelerator.prepare will be rebuilt as torch "
-            "DataLoaders by this version of accelerate (sharded correctly, without stoker)",
+            "DataLoaders by this version of accelerate (sharded correctly, without stoker), "
+            "and a loader with stoker's ShardedSampler or StreamSampler is sharded again, so "
+            "each rank reads only part of its share",
             RuntimeWarning,
             stacklevel=3,
         )
@@ -200,14 +294,16 @@ def _patch(accelerator_module: ModuleType) -> None:
     def prepare_data_loader(self: Any, data_loader: Any, *args: Any, **kwargs: Any) -> Any:
         options = _source_options(data_loader, self)
         prepared = prepare(self, data_loader, *args, **kwargs)
-        if options is None or prepared is data_loader:
+        if prepared is data_loader:  # prepared before
             return prepared
-        return keep_stoker(prepared, options)
+        keep_share(prepared)
+        return prepared if options is None else keep_stoker(prepared, options)
 
     @functools.wraps(original_skip)
     def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
         options = _source_options(dataloader, None)
         skipped = original_skip(dataloader, num_batches=num_batches)
+        keep_share(skipped)
         return skipped if options is None else keep_stoker(skipped, options)
 
     @functools.wraps(method_skip)
@@ -216,6 +312,7 @@ def _patch(accelerator_module: ModuleType) -> None:
         # accelerator's torch loaders
         options = _source_options(dataloader, self)
         skipped = method_skip(self, dataloader, num_batches=num_batches)
+        keep_share(skipped)
         return skipped if options is None else keep_stoker(skipped, options)
 
     for function in (prepare_data_loader, skip_first_batches, accelerator_skip_first_batches):

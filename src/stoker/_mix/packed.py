@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .._data.datasets import Dataset
-from .._data.distributed import DistributedSampler
+from .._data.distributed import RankShareSampler
 from .._data.identity import describe_data, prefixed
 from .mixed import MixedDataset
 from .packing import (
@@ -514,7 +514,7 @@ def collate_packed(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-class StreamSampler(DistributedSampler):
+class StreamSampler(RankShareSampler):
     """The positions of a stream dataset (`MixedDataset`, `PackedDataset`) epoch after epoch,
     split over ranks.
 
@@ -525,6 +525,10 @@ class StreamSampler(DistributedSampler):
     resumes exactly on another world size (the rest of the epoch is what no old rank took),
     and a state saved over another stream (other sources, weights, schedule, seq_len, K, ...)
     is refused with what differs.
+
+    Made while torch is imported, it is also a `torch.utils.data.DistributedSampler`, so that
+    Lightning, Fabric and (with `stoker.torch` imported) accelerate keep it as each rank's share
+    instead of sharding it again.
 
     Args:
         dataset: The stream dataset.

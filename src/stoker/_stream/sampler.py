@@ -20,16 +20,19 @@ from typing import Any
 
 import numpy as np
 
-from .._data.distributed import DistributedSampler
+from .._data.distributed import RankShareSampler
 
 
-class ShardedSampler(DistributedSampler):
+class ShardedSampler(RankShareSampler):
     """One rank's share of a sharded dataset's shard-aware global order.
 
     The order of an epoch depends only on `seed`, the epoch (`set_epoch`), `window_shards`
     and the dataset's shards: not on the number of workers or of ranks. With `shuffle=False`
     it is the dataset's own order. Everything else (padding, `drop_last`, `set_epoch`, an
-    elastic resume on another world size) is `DistributedSampler`'s.
+    elastic resume on another world size) is `DistributedSampler`'s. Made while torch is
+    imported, it is also a `torch.utils.data.DistributedSampler`, so that Lightning, Fabric and
+    (with `stoker.torch` imported) accelerate keep it as each rank's share instead of sharding
+    it again.
 
     Args:
         dataset: A `ShardedDataset` (anything with a `shard_starts` array: the first sample
