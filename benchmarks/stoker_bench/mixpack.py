@@ -10,14 +10,21 @@ documents (bytes alone would make the documents ~3x longer). The tokens are cach
 build/mixbench/ (keyed by the caps and the installed files).
 
 Rows (all measured in this run):
-- the document-length distribution of each source;
-- packing utilisation (real tokens over row tokens) for stoker's greedy and best-fit and Grain's
-  first-fit and best-fit packers at seq_len 2,048 and 8,192 against the window size K (stoker:
-  windows of K documents; Grain: K packing bins). Documents longer than seq_len are split into
-  seq_len pieces for both (Grain refuses longer inputs), and the same pieces in the same order
-  are packed by both, `--passes` passes over the corpus in the mix's order; also the
-  utilisation of the rows that are not one full piece, and how many pieces Grain's K bins see
-  between two sends;
+- the document-length distribution of each source and of each synthetic length law;
+- packing utilisation (real tokens over row tokens) on four length laws: the corpus (`--passes`
+  passes over it in the mix's order), lognormal lengths of median 300 and of median 1,500
+  tokens (sigma 1.6), and a Pareto tail (x_m 200 tokens, alpha 1.3). For each, at seq_len
+  2,048 and 8,192 and K from 64 to 4,096: stoker's best-fit and greedy with windows of K rows
+  (`window_unit="rows"`) against Grain's best-fit and first-fit packers with K packing bins,
+  the same bin count (each emits K rows at a time; Grain sends its K bins when a piece fits
+  none), and stoker's best-fit with windows of K documents (the default unit) for reference.
+  Documents longer than seq_len are split into seq_len pieces for every packer (Grain refuses
+  longer inputs), and every packer packs the same pieces in the same order. Grain's packers are
+  run through a model of their placement rule (online, each piece into the fullest bin it fits,
+  or the first, all K bins sent when it fits none), checked in the same run to give exactly
+  the rows Grain 0.2.18's own `BestFitPackIterDataset` and `FirstFitPackIterDataset` give on
+  the first pieces of each law (Grain itself takes about 0.3 ms a piece: `--real-grain` runs
+  it on everything);
 - row tokens per second: stoker's MixedDataset -> PackedDataset through stoker.DataLoader at 0
   and 2 workers, and Grain's mix -> BestFitPackIterDataset -> batch in one thread (and with 2
   worker processes, `mp_prefetch`), at seq_len 2,048, batch 8;
@@ -29,6 +36,7 @@ Rows (all measured in this run):
 from __future__ import annotations
 
 import argparse
+import bisect
 import hashlib
 import itertools
 import json
@@ -165,21 +173,25 @@ def _rates(tokens: int, rows: int, full: int, seq_len: int) -> tuple[float, int,
     return tokens / (rows * seq_len), rows, ((tokens - full * seq_len) / (rest * seq_len) if rest else 1.0)
 
 
-def stoker_utilisation(lengths: np.ndarray, seq_len: int, window: int, method: str) -> tuple[float, int, float]:
-    from stoker._mix.packing import plan_windows
+def stoker_utilisation(
+    lengths: np.ndarray, seq_len: int, window: int, method: str, unit: str = "documents"
+) -> tuple[float, int, float]:
+    """stoker's packer over `lengths` with windows of `window` documents or rows (`unit`)."""
+    from stoker._mix.packing import plan_row_windows, plan_windows
 
-    plans = plan_windows(lengths, window, seq_len, method, "split")  # type: ignore[arg-type]
+    plan = plan_row_windows if unit == "rows" else plan_windows
+    plans = plan(lengths, window, seq_len, method, "split")  # type: ignore[arg-type]
     rows = sum(len(p) for p in plans)
     tokens = sum(e - s for plan in plans for row in plan for _, s, e in row)
     full = sum(1 for plan in plans for row in plan if len(row) == 1 and row[0][2] - row[0][1] == seq_len)
     return _rates(tokens, rows, full, seq_len)
 
 
-def grain_utilisation(lengths: np.ndarray, seq_len: int, bins: int, method: str) -> tuple[float, int, float]:
+def grain_rows(pieces: np.ndarray, seq_len: int, bins: int, method: str) -> list[tuple[int, int]]:
+    """(tokens, pieces) of each row Grain's packer emits, by running Grain itself."""
     import grain
     import grain.experimental as ge
 
-    pieces = pieces_of(lengths, seq_len)
     elements = [{"input_ids": np.ones(n, np.int32)} for n in pieces.tolist()]
     packer = ge.BestFitPackIterDataset if method == "best_fit" else ge.FirstFitPackIterDataset
     ds = packer(
@@ -188,15 +200,140 @@ def grain_utilisation(lengths: np.ndarray, seq_len: int, bins: int, method: str)
         num_packing_bins=bins,
         shuffle_bins=False,
     )
-    rows = tokens = full = 0
+    out = []
     for row in ds:
-        rows += 1
         segments = row["input_ids_segment_ids"]
-        real = int((segments > 0).sum())
-        tokens += real
-        full += int(real == seq_len and int(segments.max()) == 1)
+        out.append((int((segments > 0).sum()), int(segments.max())))
+    return out
+
+
+def grain_model_rows(pieces: np.ndarray, seq_len: int, bins: int, method: str) -> list[tuple[int, int]]:
+    """(tokens, pieces) of each row under Grain's placement rule, as its packers document it:
+    the pieces in order, each into the fullest of the `bins` bins it fits ("best_fit") or the
+    first it fits ("first_fit"), an empty bin counting as the emptiest; when a piece fits no
+    bin, every non-empty bin is emitted in bin order and the piece starts the next batch.
+    Checked against Grain itself (`grain_rows`) in every run."""
+    out: list[tuple[int, int]] = []
+    fill = [0] * bins
+    count = [0] * bins
+    used = 0  # bins 0..used-1 hold pieces (both rules take the lowest empty bin first)
+
+    def send() -> None:
+        nonlocal used
+        out.extend(zip(fill[:used], count[:used]))
+        for b in range(used):
+            fill[b] = count[b] = 0
+        used = 0
+
+    if method == "best_fit":
+        # bins with room, keyed room * base + bin: the first key >= n * base is the tightest
+        # fit, lowest bin first (Grain's argmax of fill takes the first of equal fills)
+        base = bins + 1
+        rooms: list[int] = []
+        for n in pieces.tolist():
+            pos = bisect.bisect_left(rooms, n * base)
+            if pos < len(rooms):
+                b = rooms.pop(pos) % base
+            else:
+                if used == bins:
+                    send()
+                    rooms = []
+                b, used = used, used + 1
+            fill[b] += n
+            count[b] += 1
+            if fill[b] < seq_len:
+                bisect.insort(rooms, (seq_len - fill[b]) * base + b)
+    else:
+        # a max-tree over the bins' room finds the first bin a piece fits in O(log bins)
+        size = 1 << max(0, (bins - 1).bit_length())
+        fresh = [seq_len] * (2 * size)
+        for leaf in range(size + bins, 2 * size):
+            fresh[leaf] = -1  # no such bin
+        for i in range(size - 1, 0, -1):
+            fresh[i] = max(fresh[2 * i], fresh[2 * i + 1])
+        tree = list(fresh)
+        for n in pieces.tolist():
+            if tree[1] < n:
+                send()
+                tree = list(fresh)
+            i = 1
+            while i < size:
+                i = 2 * i if tree[2 * i] >= n else 2 * i + 1
+            b = i - size
+            used = max(used, b + 1)
+            fill[b] += n
+            count[b] += 1
+            tree[i] -= n
+            i //= 2
+            while i:
+                tree[i] = max(tree[2 * i], tree[2 * i + 1])
+                i //= 2
+    send()
+    return out
+
+
+def grain_utilisation(lengths: np.ndarray, seq_len: int, bins: int, method: str, model: bool = False) -> tuple[float, int, float]:
+    """Grain's packer (itself, or `grain_model_rows` with `model`) over `lengths` split into
+    seq_len pieces, with `bins` packing bins."""
+    pieces = pieces_of(lengths, seq_len)
+    rows = (grain_model_rows if model else grain_rows)(pieces, seq_len, bins, method)
+    tokens = sum(t for t, _ in rows)
+    full = sum(1 for t, c in rows if t == seq_len and c == 1)
     assert tokens == int(pieces.sum()), (tokens, int(pieces.sum()))
-    return _rates(tokens, rows, full, seq_len)
+    return _rates(tokens, len(rows), full, seq_len)
+
+
+def law_lengths(law: str, tokens: int, seed: int = 0) -> np.ndarray:
+    """Document lengths drawn from a synthetic length law until they hold `tokens` tokens:
+    "lognormal 300" and "lognormal 1500" (median, sigma 1.6), "pareto" (x_m 200, alpha 1.3,
+    capped at 1M tokens)."""
+    rng = np.random.default_rng(seed)
+    out: list[np.ndarray] = []
+    total = 0
+    while total < tokens:
+        if law.startswith("lognormal"):
+            n = rng.lognormal(np.log(float(law.split()[1])), 1.6, 4096)
+        elif law == "pareto":
+            n = 200.0 * (1.0 + rng.pareto(1.3, 4096))
+        else:
+            raise ValueError(f"law should be 'lognormal <median>' or 'pareto', but got {law!r}")
+        block = np.clip(n, 1, 1 << 20).astype(np.int64)
+        out.append(block)
+        total += int(block.sum())
+    lengths = np.concatenate(out)
+    return lengths[: int(np.searchsorted(np.cumsum(lengths), tokens)) + 1]
+
+
+LAWS = ("corpus", "lognormal 300", "lognormal 1500", "pareto")
+
+
+def utilisation_rows(lengths: np.ndarray, law: str, windows: Sequence[int], real_grain: bool) -> list[dict[str, Any]]:
+    """The utilisation table's rows for one length law."""
+    out = []
+    for seq_len in SEQ_LENS:
+        for k in windows:
+            grain = [grain_utilisation(lengths, seq_len, k, m, model=not real_grain)[0] for m in ("best_fit", "first_fit")]
+            out.append({
+                "law": law, "seq_len": seq_len, "K": k,
+                "stoker_best_fit": stoker_utilisation(lengths, seq_len, k, "best_fit", "rows")[0],
+                "stoker_greedy": stoker_utilisation(lengths, seq_len, k, "greedy", "rows")[0],
+                "grain_best_fit": grain[0], "grain_first_fit": grain[1],
+                "stoker_best_fit_documents": stoker_utilisation(lengths, seq_len, k, "best_fit")[0],
+            })
+    return out
+
+
+def check_grain_model(laws: dict[str, np.ndarray], count: int, bins: int) -> list[str]:
+    """Where `grain_model_rows` differs from Grain itself on the first `count` pieces of each
+    law (seq_len 2,048 and 8,192, both packers, `bins` bins): empty when it never does."""
+    differ = []
+    for law, lengths in laws.items():
+        for seq_len in SEQ_LENS:
+            pieces = pieces_of(lengths, seq_len)[:count]
+            for method in ("best_fit", "first_fit"):
+                if grain_model_rows(pieces, seq_len, bins, method) != grain_rows(pieces, seq_len, bins, method):
+                    differ.append(f"{law}, seq_len {seq_len}, {method}")
+    return differ
 
 
 def mixed_lengths(docs: list[list[np.ndarray]], weights: Sequence[float], count: int) -> np.ndarray:
@@ -346,15 +483,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="passes over the corpus packed in the utilisation table (default %(default)s)")
     parser.add_argument("--rows", type=int, default=4000, help="rows timed per throughput row (default %(default)s)")
     parser.add_argument("--mix-positions", type=int, default=200_000, help="positions per mix row (default %(default)s)")
+    parser.add_argument("--law-tokens", type=int, default=48_000_000,
+                        help="tokens drawn for each synthetic length law (default %(default)s)")
+    parser.add_argument("--real-grain", action="store_true",
+                        help="run Grain's packers themselves in the utilisation table (slow: about 0.3 ms a piece)")
     parser.add_argument("--quick", action="store_true", help="small caps and counts (a smoke run)")
     parser.add_argument("--json", default=os.path.join(os.path.dirname(HOME), "build", "mixbench.json"),
                         help="where the JSON goes (default build/mixbench.json)")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     caps = [float(x) for x in args.caps_mb.split(",")]
     windows = [int(k) for k in args.windows.split(",")]
-    rows_timed, positions, passes = args.rows, args.mix_positions, args.passes
+    rows_timed, positions, passes, law_tokens = args.rows, args.mix_positions, args.passes, args.law_tokens
     if args.quick:
-        caps, windows, rows_timed, positions, passes = [0.4, 0.2, 0.2], [16, 64], 200, 20_000, 1
+        caps, windows, rows_timed, positions, passes, law_tokens = [0.4, 0.2, 0.2], [16, 64], 200, 20_000, 1, 1_000_000
     report: dict[str, Any] = {"caps_mb": caps, "weights": list(WEIGHTS)}
 
     began = time.perf_counter()
@@ -368,35 +509,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["lengths"] = {n: [len(d) for d in s] for n, s in zip(SOURCES, docs)}
 
     total_docs = sum(len(s) for s in docs) * passes
-    lengths = mixed_lengths(docs, WEIGHTS, total_docs)
-    print(f"\npacking utilisation (real tokens / row tokens) of the token-weighted mix {'/'.join(map(str, WEIGHTS))}, "
-          f"its first {total_docs:,} documents ({passes} passes over the corpus, each source reshuffled per pass); "
-          "documents longer than seq_len split into seq_len pieces for every packer. 'packing only': the rows "
-          "that are not one full piece. Grain's K bins are all sent out when a piece fits none: 'grain pieces "
-          "per K bins' is how many pieces its bins saw between two sends (stoker's window is K documents)")
-    print("seq_len      K  stoker greedy  stoker best_fit  grain first_fit  grain best_fit  vs grain | packing only: "
-          "stoker bf  grain bf | grain pieces per K bins")
+    laws = {"corpus": mixed_lengths(docs, WEIGHTS, total_docs)}
+    for law in LAWS[1:]:
+        laws[law] = law_lengths(law, law_tokens)
+    print(f"\nlength laws (tokens a document): the corpus is the first {total_docs:,} documents of the token-weighted "
+          f"mix {'/'.join(map(str, WEIGHTS))} ({passes} pass{'es' if passes != 1 else ''}, each source reshuffled per pass); the others are drawn "
+          "(seed 0) up to about as many tokens")
+    print("  law               docs      tokens     mean    p10    p50    p90    p99      max  >2048  >8192")
+    for law, n in laws.items():
+        p = np.percentile(n, [10, 50, 90, 99]).astype(int)
+        print(f"  {law:<15} {len(n):>6} {int(n.sum()):>11,} {n.mean():>8.0f} {p[0]:>6} {p[1]:>6} {p[2]:>6} {p[3]:>6} "
+              f"{int(n.max()):>8} {100 * (n > 2048).mean():>5.1f}% {100 * (n > 8192).mean():>5.1f}%")
+    report["laws"] = {law: {"documents": len(n), "tokens": int(n.sum())} for law, n in laws.items()}
+
+    checked = 300 if args.quick else 1500
+    if not args.real_grain:
+        differ = check_grain_model(laws, checked, min(windows))
+        report["grain_model_differs"] = differ
+        print(f"\nGrain's packers modelled: on the first {checked:,} pieces of each law, at seq_len "
+              f"{' and '.join(map(str, SEQ_LENS))} with {min(windows)} bins, the model gives Grain 0.2.18's own rows "
+              + ("exactly (best-fit and first-fit)" if not differ else "NOT: " + "; ".join(differ)))
+    print("\npacking utilisation (real tokens / row tokens) at the same bin count: stoker's windows of K rows "
+          "(window_unit='rows') against Grain's K packing bins (both emit K rows at a time), the same pieces in the same "
+          "order (documents longer than seq_len split into seq_len pieces for every packer); 'K documents': stoker's "
+          "default unit, for reference" + (" (Grain itself)" if args.real_grain else " (Grain: the model checked above)"))
+    print("law             seq_len      K  stoker best_fit  stoker greedy  grain best_fit  grain first_fit  "
+          "vs grain bf | stoker bf, K documents")
     util: list[dict[str, Any]] = []
-    for seq_len in SEQ_LENS:
-        pieces = len(pieces_of(lengths, seq_len))
-        for k in windows:
-            sg = stoker_utilisation(lengths, seq_len, k, "greedy")
-            sb = stoker_utilisation(lengths, seq_len, k, "best_fit")
-            gf = grain_utilisation(lengths, seq_len, k, "first_fit")
-            gb = grain_utilisation(lengths, seq_len, k, "best_fit")
-            per_send = pieces / max(1.0, gb[1] / k)
-            util.append({"seq_len": seq_len, "K": k, "stoker_greedy": sg[0], "stoker_best_fit": sb[0],
-                         "grain_first_fit": gf[0], "grain_best_fit": gb[0], "stoker_best_fit_packing_only": sb[2],
-                         "grain_best_fit_packing_only": gb[2], "grain_pieces_per_send": per_send})
-            print(f"{seq_len:>7} {k:>6}  {_fmt(sg[0], True):>13}  {_fmt(sb[0], True):>15}  {_fmt(gf[0], True):>15}  "
-                  f"{_fmt(gb[0], True):>14}  {100 * (sb[0] - gb[0]):>+6.1f} pt | {_fmt(sb[2], True):>22}  "
-                  f"{_fmt(gb[2], True):>8} | {per_send:>10,.0f}")
+    for law, lengths in laws.items():
+        for u in utilisation_rows(lengths, law, windows, args.real_grain):
+            util.append(u)
+            print(f"{law:<15} {u['seq_len']:>7} {u['K']:>6}  {_fmt(u['stoker_best_fit'], True):>15}  "
+                  f"{_fmt(u['stoker_greedy'], True):>13}  {_fmt(u['grain_best_fit'], True):>14}  "
+                  f"{_fmt(u['grain_first_fit'], True):>15}  {100 * (u['stoker_best_fit'] - u['grain_best_fit']):>+8.2f} pt"
+                  f" | {_fmt(u['stoker_best_fit_documents'], True):>10}")
     report["utilisation"] = util
-    met98 = [u for u in util if u["stoker_best_fit"] >= 0.98]
-    behind = [u for u in util if u["stoker_best_fit"] < u["grain_best_fit"]]
-    print("target: best_fit >= grain's best-fit at the same K: "
-          + ("met at every K" if not behind else "MISSED at " + ", ".join(f"seq_len {u['seq_len']} K {u['K']}" for u in behind))
-          + "; >= 98%: " + (", ".join(f"seq_len {u['seq_len']} K {u['K']}" for u in met98) if met98 else "MISSED"))
+    behind = [u for u in util if u["stoker_best_fit"] < u["grain_best_fit"] - 0.005]
+    worst = min(util, key=lambda u: u["stoker_best_fit"] - u["grain_best_fit"])
+    print("target: stoker best_fit (K rows) within 0.5 pt of Grain's best-fit at K bins: "
+          + ("met in every row" if not behind else "MISSED at " + ", ".join(
+              f"{u['law']} seq_len {u['seq_len']} K {u['K']}" for u in behind))
+          + f" (closest: {100 * (worst['stoker_best_fit'] - worst['grain_best_fit']):+.2f} pt, {worst['law']}, "
+          f"seq_len {worst['seq_len']}, K {worst['K']})")
 
     seq_len, k = 2048, 1024 if 1024 in windows else windows[-1]
     print(f"\nrow tokens per second (mix -> pack best_fit, seq_len {seq_len}, K {k}, batch {BATCH}, "

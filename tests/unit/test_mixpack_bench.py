@@ -62,9 +62,36 @@ def test_packers_count_the_same_tokens() -> None:
         assert rows >= int(np.ceil(lengths.sum() / 256)) and util == pytest.approx(lengths.sum() / (rows * 256))
         full = int((lengths // 256).sum())  # rows that are one full piece
         assert rest == pytest.approx((lengths.sum() - full * 256) / ((rows - full) * 256))
+    for method in ("greedy", "best_fit"):
+        util, rows, _ = mixpack.stoker_utilisation(lengths, 256, 8, method, "rows")
+        assert rows >= int(np.ceil(lengths.sum() / 256)) and util == pytest.approx(lengths.sum() / (rows * 256))
     for method in ("first_fit", "best_fit"):
         util, rows, rest = mixpack.grain_utilisation(lengths, 256, 32, method)  # asserts every token packed
         assert 0.5 < rest <= util <= 1.0
+        assert mixpack.grain_utilisation(lengths, 256, 32, method, model=True) == (util, rows, rest)
+
+
+def test_grain_model_gives_grains_rows() -> None:
+    # pieces of every size, few bins: many sends, ties between bins of equal fill
+    pieces = mixpack.pieces_of(np.random.default_rng(1).integers(1, 600, 400), 256)
+    for bins in (1, 3, 8):
+        for method in ("best_fit", "first_fit"):
+            rows = mixpack.grain_rows(pieces, 256, bins, method)
+            assert mixpack.grain_model_rows(pieces, 256, bins, method) == rows
+            assert sum(t for t, _ in rows) == pieces.sum() and len(rows) > 3 * bins
+    # by hand: best-fit puts 3 into the fuller bin (7, not 6); 5 fits neither: both are sent
+    assert mixpack.grain_model_rows(np.array([7, 6, 3, 5]), 10, 2, "best_fit") == [(10, 2), (6, 1), (5, 1)]
+    assert mixpack.grain_model_rows(np.array([6, 7, 3, 5]), 10, 2, "first_fit") == [(9, 2), (7, 1), (5, 1)]
+
+
+def test_length_laws() -> None:
+    for law in mixpack.LAWS[1:]:
+        n = mixpack.law_lengths(law, 500_000)
+        assert n.min() >= 1 and 500_000 <= n.sum() < 500_000 + n.max() + 1
+        assert np.array_equal(n, mixpack.law_lengths(law, 500_000))
+    assert 250 < np.median(mixpack.law_lengths("lognormal 300", 2_000_000)) < 350
+    with pytest.raises(ValueError, match="law should be"):
+        mixpack.law_lengths("uniform", 10)
 
 
 def test_baseline_mixes_draw_every_source() -> None:
@@ -78,10 +105,13 @@ def test_quick_run_prints_every_table(tmp_path: Path, capsys: pytest.CaptureFixt
     out = tmp_path / "mix.json"
     assert mixpack.main(["--quick", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    for needle in ("corpus:", "packing utilisation", "row tokens per second", "mix deviation", "documented bound"):
+    for needle in ("corpus:", "length laws", "packing utilisation", "within 0.5 pt", "row tokens per second",
+                   "mix deviation", "documented bound"):
         assert needle in text
     report = json.loads(out.read_text())
-    assert len(report["utilisation"]) == 4 and report["deviation_within_bound"] is True
+    assert len(report["utilisation"]) == 4 * 2 * 2  # laws x seq_lens x the quick run's two K
+    assert {u["law"] for u in report["utilisation"]} == set(mixpack.LAWS)
+    assert report["grain_model_differs"] == [] and report["deviation_within_bound"] is True
     assert report["deviation"]["1/1/1"]["stoker"] <= 4 / 3 and report["deviation"]["schedule"]["grain"] is None
     assert set(report["tokens_per_s"]) == {"stoker, 0 workers", "stoker, 2 workers", "grain, 1 thread",
                                            "grain, 2 worker processes"}
