@@ -186,7 +186,7 @@ def rows_of(packed: PackedDataset, count: int) -> list[dict[str, object]]:
 
 def test_packed_rows_hold_every_document_once_and_split_only_long_ones() -> None:
     docs = TokenDataset.from_documents(corpus((120,), top=1500)[0][i] for i in range(120))
-    packed = PackedDataset(docs, seq_len=1024, window_size=40, method="best_fit")
+    packed = PackedDataset(docs, seq_len=1024, window_size=40, method="best_fit", window_unit="documents")
     assert len(packed) == packed._cum[3]  # the rows of the first 3 windows
     pieces: dict[int, list[tuple[int, int]]] = {}
     for g in range(len(packed)):
@@ -381,7 +381,7 @@ def test_doctor_lines_report_shares_and_utilisation() -> None:
 
     rows = make().dataset
     lines = stream_lines(rows)
-    assert lines[0].startswith("packing: best_fit, seq_len 512, 64 documents a window")
+    assert lines[0].startswith("packing: best_fit, seq_len 512, 64 rows a window")
     assert "utilisation 0.9" in lines[0]
     assert lines[1].startswith("mix: 3 sources, weighed by tokens")
     assert stream_lines(object()) == []

@@ -440,7 +440,7 @@ def test_packed_rows_windows_resume_on_another_world_size():
     assert killed + rest == reference[: len(killed) + len(rest)]
     assert len(killed) + len(rest) >= len(reference) - 8
     # a state saved over document windows is refused, naming the unit
-    docs = PackedDataset(lognormal_mix(), seq_len=512, window_size=8)
+    docs = PackedDataset(lognormal_mix(), seq_len=512, window_size=8, window_unit="documents")
     other = stoker.DataLoader(docs, batch_size=4, sampler=StreamSampler(docs, drop_last=True), collate_fn=collate_packed)
     with pytest.raises(ValueError, match=r"stream\.window_unit: saved 'rows', this loader 'documents'"):
         other.load_state_dict(states[0])

@@ -192,7 +192,7 @@ PACK_CASES: dict[str, list[tuple[dict[str, Any], dict[str, Any], str | None]]] =
     ],
     "seq_len": [(PACK_BASE, dict(PACK_BASE, seq_len=200), "stream.seq_len")],
     "window_size": [(PACK_BASE, dict(PACK_BASE, window_size=8), "stream.window_size")],
-    "window_unit": [(PACK_BASE, dict(PACK_BASE, window_unit="rows"), "stream.window_unit")],
+    "window_unit": [(PACK_BASE, dict(PACK_BASE, window_unit="documents"), "stream.window_unit")],
     "method": [(PACK_BASE, dict(PACK_BASE, method="greedy"), "stream.method")],
     "long": [(PACK_BASE, dict(PACK_BASE, long="drop"), "stream.long")],
     "pad_id": [(PACK_BASE, dict(PACK_BASE, pad_id=7), "stream.pad_id")],

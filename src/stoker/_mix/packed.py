@@ -138,7 +138,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
             to the next window and placed first, oldest first). "rows" packs as tightly as
             Grain's packers with K bins or tighter on every length law the guide measures,
             where "documents" loses up to a few points when K documents make few rows. A
-            window takes at most one pass of the stream. Defaults to "documents".
+            window takes at most one pass of the stream. Defaults to "rows".
         pad_id: The token id of padding. Defaults to 0.
         rows_per_epoch: The epoch length in rows. None means the rows that the windows
             covering the first len(dataset) documents make (planned at construction).
@@ -170,7 +170,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
         rows_per_epoch: int | None = None,
         tensors: bool = False,
         field: str | None = None,
-        window_unit: str = "documents",
+        window_unit: str = "rows",
     ) -> None:
         self.seq_len = check_seq_len(seq_len)
         self.window_size = check_window_size(window_size)
