@@ -1,7 +1,8 @@
 """`python benchmarks/shards_bench.py [options]`: the streaming benchmark (issue 33), run from a
 clone: the same JPEG samples read from a local S3 server by stoker, litdata, MosaicML
 Streaming, WebDataset and Hugging Face `datasets`. `--help` lists the options; see
-`stoker_bench/streambench.py`."""
+`stoker_bench/streambench.py`. `--cache-sweep [options]` measures instead how many times each
+shard is downloaded per epoch under caps of a few windows (`stoker_bench/cachesweep.py`)."""
 
 import os
 import sys

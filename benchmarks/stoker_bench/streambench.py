@@ -30,7 +30,8 @@ stored, the largest size of the library's cache folder (sampled by a thread), th
 building the dataset to the first batch, and the requests the proxy answered.
 
 `python benchmarks/shards_bench.py --help` lists the options; the JSON goes to
-build/streaming.json.
+build/streaming.json. `python benchmarks/shards_bench.py --cache-sweep` runs the cache sweep
+instead (`cachesweep.py`: downloads per shard per epoch under small caps).
 """
 
 from __future__ import annotations
@@ -1171,6 +1172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _child_main(args_list[1])
     if args_list[:1] == ["--write"]:
         return _write_main(args_list[1])
+    if args_list[:1] == ["--cache-sweep"]:  # downloads per shard per epoch under small caps
+        from .cachesweep import main as sweep_main
+
+        return sweep_main(args_list[1:])
     from . import HOME
 
     parser = argparse.ArgumentParser(prog="benchmarks/shards_bench.py", description=__doc__.split("\n\n")[0])

@@ -7,6 +7,7 @@ Jobs (the "job" key):
 - once: wait for a start file, then get() shards with a slow fetch (one download each).
 - stall: start downloading a shard, write part of it, create a ready file, sleep (killed).
 - pin: get() and pin shards, create a ready file, sleep (killed).
+- lease: lease() shards (downloading them), create a ready file, sleep (killed).
 - get: one get() of one shard; an error is printed as {"error": type, "message": ...}.
 Every fetch appends the shard's name as a line to the job's "log" file.
 """
@@ -129,6 +130,13 @@ def main() -> int:
         for name, size in job["shards"].items():
             cache.get(name, size, None, make_fetch(name, size, job["log"]))
             cache.pin(name)
+        with open(job["ready"], "w"):
+            pass
+        time.sleep(3600)
+    elif kind == "lease":
+        for name, size in job["shards"].items():
+            if not cache.lease(name, size, None, make_fetch(name, size, job["log"]), spare_bytes=0):
+                raise RuntimeError(f"lease of {name} did not fit")
         with open(job["ready"], "w"):
             pass
         time.sleep(3600)

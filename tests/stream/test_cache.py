@@ -276,6 +276,60 @@ def test_pinned_shards_are_never_evicted(tmp_path):
     assert files(directory, "shards") == ["r", "t", "u"]
 
 
+def test_a_lease_pins_its_shard_and_leaves_the_spare_room_to_readers(tmp_path):
+    directory = tmp_path / "c"
+    cache = ShardCache(str(directory), 30_000, timeout_s=0.5)
+    told: list[bool] = []
+
+    def lease(name: str, fetch: Fetch, spare: int = 10_000) -> bool:
+        return cache.lease(name, 10_000, sha(name, 10_000), fetch, spare_bytes=spare, decided=told.append)
+
+    a, b, c = Fetch("a", 10_000), Fetch("b", 10_000), Fetch("c", 10_000)
+    assert lease("a", a) and lease("b", b)  # 20_000 leased + 10_000 spare: the cap
+    assert told == [True, True] and a.calls == b.calls == 1
+    assert cache.pinned() == {"a": 1, "b": 1}
+    # c would leave no room to spare: skipped at once, nothing fetched, nothing evicted
+    began = time.monotonic()
+    assert not lease("c", c)
+    assert time.monotonic() - began < 0.4  # it did not wait for room (timeout_s is 0.5)
+    assert told[-1] is False and c.calls == 0 and files(directory, "shards") == ["a", "b"]
+    # a reader's get finds the spare room; the next one evicts it, never a leased shard
+    get(cache, "c", 10_000)
+    get(cache, "d", 10_000)
+    assert files(directory, "shards") == ["a", "b", "d"]
+    # a present shard is leased without a download when the budget allows it
+    d = Fetch("d", 10_000)
+    assert not lease("d", d)
+    assert lease("d", d, spare=0) and d.calls == 0
+    assert cache.pinned() == {"a": 1, "b": 1, "d": 1}
+    with pytest.raises(CacheFullError, match="30000 are pinned"):
+        get(cache, "e", 10_000)
+    assert lease("a", a) and cache.pinned()["a"] == 2  # leased again by this process: counted
+    for name in ("a", "a", "b"):
+        cache.unpin(name)
+    get(cache, "e", 10_000)  # a or b goes, d stays
+    assert "d" in files(directory, "shards")
+    with pytest.raises(ValueError, match="spare_bytes should be an int >= 0"):
+        cache.lease("f", 10, None, Fetch("f", 10), spare_bytes=-1)
+
+
+def test_a_killed_leaseholders_leases_end_with_it(tmp_path):
+    directory, ready = tmp_path / "c", tmp_path / "ready"
+    shards = {"p": 10_000, "q": 10_000}
+    child = start(dict(job="lease", dir=str(directory), cap=30_000, shards=shards, log=str(tmp_path / "log"), ready=str(ready)))
+    try:
+        wait_for(ready, child)
+        cache = ShardCache(str(directory), 30_000, timeout_s=0.3)
+        get(cache, "r", 10_000)
+        with pytest.raises(CacheFullError, match="20000 are pinned"):
+            get(cache, "s", 20_000)  # the leases hold p and q
+        assert files(directory, "shards") == ["p", "q", "r"]  # evicting r alone would not do
+    finally:
+        kill(child)
+    get(cache, "s", 30_000)  # the leases died with their holder: everything can go
+    assert files(directory, "shards") == ["s"]
+
+
 def test_pins_are_counted_and_reading_pins(tmp_path):
     cache = ShardCache(str(tmp_path / "c"), 2000, timeout_s=0.2)
     get(cache, "a", 1000)

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.parse
 import warnings
 from pathlib import Path
@@ -27,7 +28,13 @@ import pytest
 pytest.importorskip("moto")
 
 from stoker import DataLoader, WorkerRestartWarning
-from stoker.shards import CorruptShardError, ShardedDataset, ShardedSampler, write_shards
+from stoker.shards import (
+    CacheFullError,
+    CorruptShardError,
+    ShardedDataset,
+    ShardedSampler,
+    write_shards,
+)
 from stoker_bench.s3server import FaultProxy, S3Server
 
 N = 60
@@ -427,3 +434,134 @@ def test_a_resume_on_another_worker_count_continues_exactly(s3_url: str, tmp_pat
     resumed = loader(3)
     resumed.load_state_dict(state)
     assert as_ids(resumed) == reference[6:]
+
+
+# ---------------------------------------------------------------------------------------- 8
+# The cache holds about two windows: the loader's process leases (pins) the shards of the
+# batches it drew until their samples are read, so the window being read is never evicted to
+# make room for the next one.
+WINDOW = 4  # shards a window
+PER_SHARD = 40  # samples a shard: a window is 20 batches, more than the 4 in flight
+
+
+def write_windows(url: str) -> Any:
+    index = write_shards(
+        [sample(i) for i in range(12 * PER_SHARD)], url, shard_bytes=PER_SHARD * 2048 - 1, workers=1
+    )
+    assert len(index.shards) == 12 and {s.samples for s in index.shards} == {PER_SHARD}
+    return index
+
+
+def decoding(sample: dict[str, Any]) -> dict[str, Any]:
+    """A reader's pace (a few ms a sample, as decoding an image takes): a window is read over
+    longer than the readers take to touch the shards they read."""
+    time.sleep(0.012)
+    return sample
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("method, windows", [("fork", 2.0), ("fork", 2.5), ("spawn", 2.5)])
+def test_a_cache_of_two_windows_downloads_each_shard_once_per_epoch(
+    s3_url: str, fault_proxy: Any, tmp_path: Path, method: str, windows: float
+) -> None:
+    index = write_windows(s3_url)
+    proxy = fault_proxy()
+    largest = max(s.size for s in index.shards)
+    data = ShardedDataset(
+        s3_url,
+        cache_dir=str(tmp_path / "cache"),
+        cache_bytes=int(windows * WINDOW * largest),
+        storage_options={"endpoint_url": proxy.endpoint},
+        transform=decoding,
+    )
+    sampler = ShardedSampler(data, seed=3, window_shards=WINDOW)
+    loader = DataLoader(
+        data, batch_size=8, sampler=sampler, num_workers=2, multiprocessing_context=method,
+        collate_fn=as_list, timeout=30,
+    )
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        before = shard_gets(proxy)
+        ids = sorted(s["cls"] for batch in loader for s in batch)
+        assert ids == list(range(len(data)))
+        gets = shard_gets(proxy) - before
+        # once each; a shard still cached from the epoch before is not fetched again
+        assert max(gets.values()) == 1, (epoch, gets)
+        if epoch == 0:
+            assert set(gets) == {s.name for s in index.shards}, gets
+    data.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_cap_smaller_than_a_window_still_reads_every_sample_once(
+    s3_url: str, fault_proxy: Any, tmp_path: Path
+) -> None:
+    index = write_windows(s3_url)
+    proxy = fault_proxy()
+    largest = max(s.size for s in index.shards)
+    # a window of 4 shards, a cap of 3: the leases take 2 (one shard's room is kept for the
+    # readers), the readers fetch the rest as they need them, evicting what nobody leases;
+    # none waits for a lease to end
+    data = ShardedDataset(
+        s3_url, cache_dir=str(tmp_path / "cache"), cache_bytes=3 * largest,
+        storage_options={"endpoint_url": proxy.endpoint},
+    )
+    sampler = ShardedSampler(data, seed=3, window_shards=WINDOW)
+    loader = DataLoader(
+        data, batch_size=8, sampler=sampler, num_workers=2, multiprocessing_context="fork",
+        collate_fn=as_list, timeout=60,
+    )
+    ids = [s["cls"] for batch in loader for s in batch]
+    assert ids == list(sampler)
+    assert set(shard_gets(proxy)) == {s.name for s in index.shards}
+    data.close()
+
+
+_LEASING_RANK = r"""
+import json, os, sys, time
+from stoker import DataLoader
+from stoker.shards import ShardedDataset, ShardedSampler
+
+spec = json.loads(sys.argv[1])
+
+def stall(sample):
+    if sample["cls"] == spec["stall_at"]:
+        open(spec["ready"], "w").close()
+        time.sleep(3600)
+    return sample
+
+data = ShardedDataset(spec["url"], cache_dir=spec["cache_dir"], cache_bytes=spec["cap"], transform=stall)
+sampler = ShardedSampler(data, shuffle=False, window_shards=4)
+for batch in DataLoader(data, batch_size=8, sampler=sampler, num_workers=2, multiprocessing_context="fork"):
+    pass
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_ranks_leases_end_with_it(s3_url: str, tmp_path: Path) -> None:
+    index = write_windows(s3_url)
+    largest = max(s.size for s in index.shards)
+    cap = 2 * WINDOW * largest
+    cache_dir, ready = str(tmp_path / "cache"), tmp_path / "ready"
+    spec = {"url": s3_url, "cache_dir": cache_dir, "cap": cap, "stall_at": 2 * PER_SHARD - 5, "ready": str(ready)}
+    rank = subprocess.Popen(
+        [sys.executable, "-c", _LEASING_RANK, json.dumps(spec)], start_new_session=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert rank.poll() is None, rank.communicate()[1].decode()[-3000:]
+            assert time.monotonic() < deadline, "the rank did not reach its stalled sample"
+            time.sleep(0.05)
+        # a worker is stalled in the first window: the rank leases its shards (and the next
+        # window's), so the cache cannot be emptied
+        cache = ShardedDataset(s3_url, cache_dir=cache_dir, cache_bytes=cap, timeout_s=0.5).cache
+        assert cache.directory in {os.path.join(cache_dir, d) for d in os.listdir(cache_dir)}
+        with pytest.raises(CacheFullError, match="are pinned by readers"):
+            cache.get("filler", cap, None, lambda out: out.write(bytes(cap)))
+    finally:
+        os.killpg(rank.pid, signal.SIGKILL)  # the rank and its workers
+        rank.communicate(timeout=30)
+    cache.get("filler", cap, None, lambda out: out.write(bytes(cap)))  # every shard could go
+    assert os.listdir(os.path.join(cache.directory, "shards")) == ["filler"]

@@ -75,3 +75,18 @@ def test_a_tiny_run_gives_a_well_formed_row_per_library_and_mode():
     text = streambench.table(report)
     assert text.count("\n| stoker") == 2 and text.count("\n| webdataset") == 2
     assert "first byte 0.0 s, bandwidth none" in text
+
+
+@pytest.mark.timeout(120)
+def test_the_cache_sweep_counts_one_download_a_shard_with_a_cap_of_two_windows():
+    pytest.importorskip("torch")
+    from stoker_bench import cachesweep
+
+    report = cachesweep.sweep(
+        shards=6, shard_mb=0.1, window_shards=2, caps=(2.0,), settings=(("file", 1),), epochs=1, batch=4,
+        sample_ms=0,
+    )
+    (row,) = report["rows"]
+    assert "error" not in row, row
+    assert row["shards"] == 6 and row["downloads"] == [6] and row["per_shard_per_epoch"] == [1.0]
+    assert "| file | 1 x 2 | 2 | 1.00 |" in cachesweep.table(report)

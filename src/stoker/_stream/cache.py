@@ -25,6 +25,12 @@ process leaves nothing locked):
 - a shard file, shared, by each process that pins it: eviction takes it exclusively without
   waiting, and skips the shard when it cannot; it empties the file, then unlinks it.
 flock needs the folder on a local filesystem (not NFS).
+
+A lease (`lease`) is a pin taken only when the pins of every process, with it, leave a given
+room under the cap (counted under the global lock, where a shard whose exclusive lock cannot
+be taken is pinned): the loader's process leases the shards its upcoming batches need, and the
+room left lets a reader that needs a shard nobody leased make room without waiting for a lease.
+A lease never waits for room: it is skipped when it does not fit.
 """
 
 from __future__ import annotations
@@ -432,16 +438,7 @@ class ShardCache:
                 is removed.
         """
         path = self.path_of(name)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise ValueError(f"size should be an int >= 0 (bytes), but got size={size!r}")
-        if sha256 is not None and (
-            not isinstance(sha256, str)
-            or len(sha256) != 64
-            or any(c not in "0123456789abcdefABCDEF" for c in sha256)
-        ):
-            raise ValueError(f"sha256 should be 64 hex digits or None, but got sha256={sha256!r}")
-        if not callable(fetch):
-            raise ValueError(f"fetch should be a callable taking a binary file, but got fetch={fetch!r}")
+        _check_get(size, sha256, fetch)
         if self._present(path, size):
             return path
         deadline = time.monotonic() + self.timeout_s
@@ -465,6 +462,197 @@ class ShardCache:
             return path
         finally:
             _close(fd)  # closing the lock file drops its lock
+
+    def lease(
+        self,
+        name: str,
+        size: int,
+        sha256: str | None,
+        fetch: Callable[[BinaryIO], int],
+        spare_bytes: int = 0,
+        decided: Callable[[bool], None] | None = None,
+    ) -> bool:
+        """Pin shard `name`, downloading it first if it is absent, only if that leaves
+        `spare_bytes` of the cap to what is neither pinned nor being downloaded; else do
+        nothing. A lease is a pin (`unpin` ends it; the kernel ends it when the process dies)
+        taken only when it fits, for a reader that will need the shard soon: what the leases
+        of every process hold never grows past `cap_bytes - spare_bytes`, so a reader that
+        needs a shard no one leased always finds room for it (`spare_bytes` at least its
+        size) by evicting shards no one leases.
+
+        Unlike `get`, it never waits for room: when the shard does not fit now, it returns
+        False at once (a download is skipped, nothing is evicted), and the caller may try
+        again once its own leases have ended. It evicts only shards nobody pins, as `get`.
+
+        Args:
+            name: The shard's name (a path relative to the store's prefix).
+            size: Its size in bytes (int >= 0), as the index says.
+            sha256: The hex sha256 of its bytes, checked after a download; None skips it.
+            fetch: As `get`'s.
+            spare_bytes: The room (bytes, int >= 0) the pins and downloads of every process,
+                this lease's shard included, must leave under the cap. Defaults to 0.
+            decided: Called once, with whether the shard fits, as soon as that is known: before
+                its download, so that a caller can take leases one after another in a strict
+                order while their downloads overlap. None calls nothing. Defaults to None.
+
+        Returns:
+            True when this process now pins the shard (once more: `unpin` it once), False
+            when it did not fit.
+
+        Raises:
+            ValueError: An argument is not of the kind described.
+            TimeoutError: Another process's download of the same shard, or the cache's lock,
+                was held for longer than `timeout_s`.
+            CorruptShardError, OSError: As `get` (nothing is pinned then).
+        """
+        told = False
+
+        def tell(fits: bool) -> bool:
+            nonlocal told
+            if not told:
+                told = True
+                if decided is not None:
+                    decided(fits)
+            return fits
+
+        try:
+            return self._lease(name, size, sha256, fetch, spare_bytes, tell)
+        finally:
+            tell(False)  # an error before the decision: it did not fit
+
+    def _lease(
+        self,
+        name: str,
+        size: int,
+        sha256: str | None,
+        fetch: Callable[[BinaryIO], int],
+        spare_bytes: int,
+        tell: Callable[[bool], bool],
+    ) -> bool:
+        path = self.path_of(name)
+        _check_get(size, sha256, fetch)
+        if not isinstance(spare_bytes, int) or isinstance(spare_bytes, bool) or spare_bytes < 0:
+            raise ValueError(f"spare_bytes should be an int >= 0 (bytes), but got spare_bytes={spare_bytes!r}")
+        proc = self._proc
+        with proc.lock:
+            held = proc.pins.get(name)
+            if held is not None:
+                held[1] += 1
+                return tell(True)
+        deadline = time.monotonic() + self.timeout_s
+        if os.path.lexists(path):
+            done = self._lease_present(name, path, size, spare_bytes, deadline)
+            if done is not None:
+                return tell(done)
+        fd = _open(os.path.join(self.directory, _LOCKS, _escape(name)), os.O_RDWR | os.O_CREAT)
+        try:
+            _lock(
+                fd,
+                fcntl.LOCK_EX,
+                deadline,
+                lambda: (
+                    f"shard cache {self.directory}: another process has been downloading shard "
+                    f"{name} for longer than timeout_s={self.timeout_s}: raise timeout_s or look "
+                    "for a stuck process"
+                ),
+            )
+            done = self._lease_present(name, path, size, spare_bytes, deadline)
+            if done is not None:
+                return tell(done)
+            if os.path.lexists(path):  # the store's shard changed size since it was cached
+                self._discard(name, path, size)
+            return self._download(name, path, size, sha256, fetch, spare_bytes, tell)
+        finally:
+            _close(fd)
+
+    def _lease_present(self, name: str, path: str, size: int, spare: int, deadline: float) -> bool | None:
+        """Pin shard `name` at `path` if it is there (at `size` bytes) and fits the leases'
+        budget; None when it is not there. Under the global lock, so no eviction runs
+        between the budget's count and the pin."""
+        gfd = self._global_lock(deadline, name)
+        try:
+            try:
+                fd = _open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            try:
+                if os.fstat(fd).st_size != size:
+                    _close(fd)
+                    return None
+                if _try_lock(fd, fcntl.LOCK_EX):  # nobody pins it: pinning it adds to the pins
+                    pinned, downloading = self._committed(path)
+                    if pinned + downloading + size + spare > self.cap_bytes:
+                        _close(fd)
+                        return False
+                # a shared lock: beside other pins, or this exclusive one converted (no other
+                # process can take it meanwhile: evictions hold the global lock)
+                if not _try_lock(fd, fcntl.LOCK_SH):  # its downloader has not let go yet
+                    _close(fd)
+                    return False
+            except BaseException:
+                _close(fd)
+                raise
+        finally:
+            _close(gfd)
+        now = time.time_ns()
+        with contextlib.suppress(OSError):
+            os.utime(fd, ns=(now, now))
+        self._hold(name, fd)
+        return True
+
+    def _hold(self, name: str, fd: int) -> None:
+        """Count a pin of `name` through `fd` (a descriptor holding its shared lock)."""
+        proc = self._proc
+        with proc.lock:
+            held = proc.pins.get(name)
+            if held is None:
+                proc.pins[name] = [fd, 1]
+                return
+            held[1] += 1  # another thread pinned it meanwhile: one descriptor is enough
+        _close(fd)
+
+    def _committed(self, exclude: str | None = None) -> tuple[int, int]:
+        """Under the global lock: the bytes of the shards some process pins (all but
+        `exclude`), and of the downloads in progress (removing those whose downloader
+        died)."""
+        downloading = self._scan_tmp()
+        pinned = 0
+        for entry in os.scandir(os.path.join(self.directory, _SHARDS)):
+            if entry.path == exclude:
+                continue
+            try:
+                fd = _open(entry.path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            except PermissionError:  # another user's shard: not this process's to evict
+                with contextlib.suppress(OSError):
+                    pinned += entry.stat(follow_symlinks=False).st_size
+                continue
+            try:
+                if not _try_lock(fd, fcntl.LOCK_EX):
+                    pinned += os.fstat(fd).st_size
+            finally:
+                _close(fd)
+        return pinned, downloading
+
+    def _scan_tmp(self) -> int:
+        """Under the global lock: delete the temporary files of downloaders that died; the
+        bytes of the downloads in progress."""
+        downloading = 0
+        for entry in list(os.scandir(os.path.join(self.directory, _TMP))):
+            try:
+                fd = _open(entry.path, os.O_RDONLY)
+            except FileNotFoundError:
+                continue
+            try:
+                if _try_lock(fd, fcntl.LOCK_EX):  # its downloader died, or just let go of it
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+                else:
+                    downloading += os.fstat(fd).st_size
+            finally:
+                _close(fd)
+        return downloading
 
     def _present(self, path: str, size: int) -> bool:
         """Whether a complete shard of `size` bytes is at `path`; touches it for the LRU."""
@@ -516,11 +704,25 @@ class ShardCache:
         return fd
 
     def _download(
-        self, name: str, path: str, size: int, sha256: str | None, fetch: Callable[[BinaryIO], int]
-    ) -> None:
+        self,
+        name: str,
+        path: str,
+        size: int,
+        sha256: str | None,
+        fetch: Callable[[BinaryIO], int],
+        spare: int | None = None,
+        tell: Callable[[bool], bool] | None = None,
+    ) -> bool:
         """Fetch shard `name` into a reserved temporary file, verify it, rename it to `path`.
-        The caller holds the shard's lock."""
-        fd, tmp = self._reserve(name, size)
+        The caller holds the shard's lock. With `spare` (a lease), the room is reserved only
+        if the leases' budget allows, without waiting, and the shard ends pinned; returns
+        whether it was downloaded."""
+        reserved = self._reserve(name, size, spare)
+        if tell is not None:
+            tell(reserved is not None)
+        if reserved is None:
+            return False
+        fd, tmp = reserved
         writer = _ShardWriter(fd, size, name, hashed=sha256 is not None)
         try:
             try:
@@ -543,9 +745,21 @@ class ShardCache:
                     raise CorruptShardError(
                         f"shard {name}: wrong sha256: expected {sha256.lower()}, got {got}"
                     )
-            # the rename is atomic: other processes see no file or the whole one (the page
-            # cache is shared, so no fsync is needed for them to read every byte)
-            os.rename(tmp, path)
+            now = time.time_ns()
+            os.utime(fd, ns=(now, now))
+            if spare is None:
+                # the rename is atomic: other processes see no file or the whole one (the page
+                # cache is shared, so no fsync is needed for them to read every byte)
+                os.rename(tmp, path)
+            else:
+                # renamed and its lock turned shared under the global lock, so that no eviction
+                # finds it unpinned in between
+                gfd = self._global_lock(time.monotonic() + self.timeout_s, name)
+                try:
+                    os.rename(tmp, path)
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                finally:
+                    _close(gfd)
         except BaseException as exc:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -559,21 +773,22 @@ class ShardCache:
                     f"cache's cap ({self.cap_bytes} bytes) below what the disk can hold",
                 ) from exc
             raise
-        try:
-            now = time.time_ns()
-            os.utime(path, ns=(now, now))
-        finally:
-            _close(fd)
         proc = self._proc
         with proc.lock:
             proc.downloads += 1
+        if spare is None:
+            _close(fd)
+        else:
+            self._hold(name, fd)
+        return True
 
-    def _reserve(self, name: str, size: int) -> tuple[int, str]:
+    def _reserve(self, name: str, size: int, spare: int | None = None) -> tuple[int, str] | None:
         """Make room for `size` bytes and create the temporary file holding it, under the
-        global lock; waits for room until the timeout.
+        global lock; waits for room until the timeout. With `spare` (a lease), tries once.
 
         Returns:
-            The temporary file's descriptor (locked, sized) and its path.
+            The temporary file's descriptor (locked, sized) and its path; None when a lease
+            does not fit.
         """
         if size > self.cap_bytes:
             raise CacheFullError(
@@ -585,9 +800,11 @@ class ShardCache:
         while True:
             gfd = self._global_lock(deadline, name)
             try:
-                found = self._make_room(name, size)
+                found = self._make_room(name, size, spare)
                 if not isinstance(found, _NoRoom):
                     return found
+                if spare is not None:
+                    return None
                 used, pinned, downloading = found
             finally:
                 _close(gfd)
@@ -602,25 +819,17 @@ class ShardCache:
             time.sleep(min(delay, left))
             delay = min(delay * 2, _MAX_POLL_S * 2)
 
-    def _make_room(self, name: str, size: int) -> tuple[int, str] | _NoRoom:
+    def _make_room(self, name: str, size: int, spare: int | None = None) -> tuple[int, str] | _NoRoom:
         """Under the global lock: delete stale temporary files, evict what must go, and create
         the temporary file. Returns (fd, path), or (bytes used, pinned, downloading) when
-        the shard cannot fit now."""
-        tmp_dir = os.path.join(self.directory, _TMP)
-        downloading = 0
-        for entry in list(os.scandir(tmp_dir)):
-            try:
-                fd = _open(entry.path, os.O_RDONLY)
-            except FileNotFoundError:
-                continue
-            try:
-                if _try_lock(fd, fcntl.LOCK_EX):  # its downloader died, or just let go of it
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(entry.path)
-                else:
-                    downloading += os.fstat(fd).st_size
-            finally:
-                _close(fd)
+        the shard cannot fit now. With `spare` (a lease), the shard does not fit when the
+        pins and downloads of every process, with it, would leave less than `spare` bytes."""
+        if spare is not None:
+            pinned, downloading = self._committed()
+            if pinned + downloading + size + spare > self.cap_bytes:
+                return _NoRoom(pinned + downloading, pinned, downloading)
+        else:
+            downloading = self._scan_tmp()
         shards = []
         for entry in os.scandir(os.path.join(self.directory, _SHARDS)):
             try:
@@ -797,6 +1006,17 @@ class ShardCache:
                 yield f
         finally:
             self.unpin(name)
+
+
+def _check_get(size: object, sha256: object, fetch: object) -> None:
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ValueError(f"size should be an int >= 0 (bytes), but got size={size!r}")
+    if sha256 is not None and (
+        not isinstance(sha256, str) or len(sha256) != 64 or any(c not in "0123456789abcdefABCDEF" for c in sha256)
+    ):
+        raise ValueError(f"sha256 should be 64 hex digits or None, but got sha256={sha256!r}")
+    if not callable(fetch):
+        raise ValueError(f"fetch should be a callable taking a binary file, but got fetch={fetch!r}")
 
 
 def _check_name(name: object) -> None:

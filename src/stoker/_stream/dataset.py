@@ -7,9 +7,10 @@ download per machine, whoever asks first), and the sample is read from the local
 
 The loader tells the dataset what comes next through `stoker_upcoming` (the plan protocol,
 called in the loader's process with each batch's indices as its sampler draws them); a few
-threads there download the shards those batches need, in the order they are needed, so that
-the cache's least-recently-used eviction takes shards already read before those. Workers then
-find their shards on local disk.
+threads there download the shards those batches need, in the order they are needed, and
+lease them (pin them in the cache) until the samples drawn from them have been read, so that
+eviction takes only shards no unread batch needs. Workers then find their shards on local
+disk.
 A dataset used without a stoker loader (or by torch's) works the same, only without the
 downloads ahead: each shard is fetched when a sample of it is first read.
 """
@@ -20,6 +21,7 @@ import collections
 import hashlib
 import itertools
 import json
+import mmap
 import os
 import tempfile
 import threading
@@ -159,6 +161,10 @@ class ShardedDataset(Dataset[Any]):
         self._planner: _Planner | None = None
         self._planner_pid = -1
         self._open_shards: _OpenShards | None = None
+        # names this dataset's read counts in the cache folder: the loader's process (its
+        # planner) sums what its workers read, to end each lease once its samples are read
+        self._reads_key = f"{os.getpid()}-{os.urandom(6).hex()}"
+        self._reads: _Reads | None = None
         self._index_digest: str | None = None  # stoker_describe's, made at the first state
 
     def __len__(self) -> int:
@@ -192,7 +198,9 @@ class ShardedDataset(Dataset[Any]):
                 try:
                     with self.cache.reading(shard.name):
                         group, row = shard.row_of(k)
-                        return read_parquet_row(path, group, row)
+                        sample = read_parquet_row(path, group, row)
+                    self._counted().add(number)
+                    return sample
                 except FileNotFoundError:
                     continue
         else:
@@ -205,9 +213,23 @@ class ShardedDataset(Dataset[Any]):
                 data = os.pread(fd, end - start, start)
                 if len(data) == end - start:
                     opened.touch(number, fd)
+                    self._counted().add(number)
                     return read_tar_sample(data, shard=self.store.url_of(shard.name), sample=k)
                 opened.forget(number)  # evicted under the read: the cache empties a shard first
         raise OSError(f"shard {shard.name} was evicted from the cache each time it was fetched: raise cache_bytes")
+
+    def _counted(self) -> _Reads:
+        reads = self._reads
+        if (
+            reads is None
+            or reads.pid != os.getpid()
+            or (reads.counts is None and self._planner is not None and self._planner_pid == os.getpid())
+        ):
+            reads = self._reads = _Reads(self._reads_dir(), self._reads_key, len(self.index.shards))
+        return reads
+
+    def _reads_dir(self) -> str:
+        return os.path.join(self.cache.directory, "reads")
 
     def _opened(self) -> _OpenShards:
         opened = self._open_shards
@@ -215,15 +237,26 @@ class ShardedDataset(Dataset[Any]):
             opened = self._open_shards = _OpenShards()
         return opened
 
-    def _fetch(self, number: int) -> str:
+    def _fetcher(self, number: int) -> Callable[[BinaryIO], int]:
         shard = self.index.shards[number]
         size = int(shard.size)
         part = self.part_bytes
         if self.store.scheme == "file" or part is None or size <= 2 * part:
-            fetch: Callable[[BinaryIO], int] = partial(self.store.download, shard.name, size=size)
-        else:
-            fetch = partial(_download_parts, self.store, shard.name, size, part, self.download_threads)
-        return self.cache.get(shard.name, size, shard.sha256, fetch)
+            return partial(self.store.download, shard.name, size=size)
+        return partial(_download_parts, self.store, shard.name, size, part, self.download_threads)
+
+    def _fetch(self, number: int) -> str:
+        shard = self.index.shards[number]
+        return self.cache.get(shard.name, int(shard.size), shard.sha256, self._fetcher(number))
+
+    def _lease(self, number: int, decided: Callable[[bool], None] | None = None) -> bool:
+        """Pin shard `number` for a batch that will read it (downloading it first), if the
+        cache's leases leave room for the largest shard: a reader that needs a shard nobody
+        leased then always finds room."""
+        shard = self.index.shards[number]
+        return self.cache.lease(
+            shard.name, int(shard.size), shard.sha256, self._fetcher(number), max(self._sizes), decided
+        )
 
     # ------------------------------------------------------------------ the plan protocol
     def stoker_upcoming(self, indices: list[int], behind: int) -> bool:
@@ -257,12 +290,16 @@ class ShardedDataset(Dataset[Any]):
         if self._open_shards is not None:
             self._open_shards.close()
         self._open_shards = None
+        if self._reads is not None:
+            self._reads.close()
+        self._reads = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_planner"] = None  # each process plans for itself; a worker never does
         state["_planner_pid"] = -1
         state["_open_shards"] = None
+        state["_reads"] = None
         return state
 
     def stoker_describe(self) -> dict[str, Any]:
@@ -429,6 +466,124 @@ class _OpenShards:
             pass
 
 
+class _Reads:
+    """How many samples of each shard one process has read: an array of int64 in a file of its
+    own, `reads/<key>.<pid>` in the cache folder, that only this process writes and the
+    loader's process (its `_Planner`) maps and sums, to end each lease once the samples drawn
+    from its shard are read. Reading costs one increment a sample. Nothing is counted when no
+    loader plans for the dataset (no file `reads/<key>` marks its planner: a dataset read by
+    torch's loader leaves no file), or when the file cannot be made: leases then end only as
+    the loader's window moves on."""
+
+    def __init__(self, folder: str, key: str, shards: int) -> None:
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.counts: np.ndarray | None = None
+        self._map: mmap.mmap | None = None
+        if not os.path.exists(os.path.join(folder, key)):
+            return
+        try:
+            path = os.path.join(folder, f"{key}.{self.pid}")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+            try:
+                os.ftruncate(fd, 8 * max(1, shards))
+                self._map = mmap.mmap(fd, 8 * max(1, shards))
+            finally:
+                os.close(fd)
+            self.counts = np.frombuffer(self._map, dtype=np.int64)
+        except (OSError, ValueError):
+            self.counts = None
+
+    def add(self, number: int) -> None:
+        counts = self.counts
+        if counts is not None:
+            with self.lock:  # thread workers share the process's file
+                counts[number] += 1
+
+    def close(self) -> None:
+        if self.pid == os.getpid() and self._map is not None:
+            self.counts = None
+            try:
+                self._map.close()
+            except BufferError:  # a view is still alive: the mapping goes with it
+                pass
+        self._map = None
+
+
+class _Tally:
+    """The loader's process's sum of the read counts of the processes reading for it (files
+    `reads/<key>.<pid>`, see `_Reads`). A reader that has exited has its counts added to a
+    running total and its file removed; files left by a loader's process that died are
+    removed when another one starts counting in the folder."""
+
+    def __init__(self, folder: str, key: str, shards: int) -> None:
+        self.folder, self.key, self.shards = folder, key, shards
+        self.done = np.zeros(shards, dtype=np.int64)  # what exited readers read
+        self.live: dict[str, tuple[int, np.ndarray]] = {}  # file name -> (pid, its counts)
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            names = []
+        for name in names:  # "<loader pid>-<token>" (a planner's mark) and ".<reader pid>"
+            if not _alive(name.split("-", 1)[0]):
+                _unlink(os.path.join(folder, name))
+        try:  # the mark that tells readers to count
+            os.makedirs(folder, exist_ok=True)
+            os.close(os.open(os.path.join(folder, key), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+        except OSError:
+            pass
+
+    def total(self) -> np.ndarray:
+        try:
+            names = [n for n in os.listdir(self.folder) if n.startswith(self.key + ".") and n not in self.live]
+        except OSError:
+            names = []
+        for name in names:
+            try:
+                with open(os.path.join(self.folder, name), "rb") as file:
+                    view = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError):  # not sized yet: seen at the next look
+                continue
+            if len(view) >= 8 * self.shards:
+                self.live[name] = (int(name.rsplit(".", 1)[1]), np.frombuffer(view, dtype=np.int64, count=self.shards))
+        total = self.done.copy()
+        for name, (pid, counts) in list(self.live.items()):
+            total += counts
+            if pid != os.getpid() and not _alive(str(pid)):  # its counts are final
+                self.done += counts
+                del self.live[name]
+                _unlink(os.path.join(self.folder, name))
+        return total
+
+    def close(self) -> None:
+        self.live.clear()
+        try:
+            names = [n for n in os.listdir(self.folder) if n == self.key or n.startswith(self.key + ".")]
+        except OSError:
+            names = []
+        for name in names:
+            _unlink(os.path.join(self.folder, name))
+
+
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (ValueError, OverflowError):  # not a pid: not one of these files
+        return True
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def _naming(exc: OSError, where: str) -> OSError:
     """`exc` again, of its own type, its message followed by which sample needed it."""
     note = f" (needed by {where})"
@@ -444,54 +599,162 @@ def _naming(exc: OSError, where: str) -> OSError:
 
 
 class _Planner:
-    """The downloads ahead of one loader's batches, in its process.
+    """The downloads ahead of one loader's batches, in its process, and the leases that keep
+    their shards in the cache until the batches are read.
 
-    It pins nothing: a pin held for a batch drawn ahead could hold room that a worker of
-    another rank, waiting at a barrier with this one, needs now. Downloading a shard touches
-    it as just used, so the cache's least-recently-used eviction takes shards already read
-    before those that batches drawn ahead need; the lookahead stops at half the cache's cap,
-    so that the shards it brings are not evicted before they are read."""
+    Each shard a drawn batch needs is leased (`ShardCache.lease`: downloaded if absent, then
+    pinned), in the order the batches need them. A lease ends when the samples drawn from its
+    shard have all been read (the readers count their reads in files the planner sums, see
+    `_Reads`), or when every batch needing it has left the loader's window (`behind`): so the
+    shards being read are never evicted to make room for those drawn ahead, whatever the
+    workers, ranks or timestamps do, and each shard is downloaded once per epoch when the cache
+    holds about two windows.
+
+    The leases of every process on the machine are held to the cap less the largest shard: a
+    lease that would pass it is skipped (nothing downloaded, nothing evicted) and tried again
+    once a lease has ended. So a reader that needs a shard nobody leased (the cap too small for
+    a window, or another rank's leases ahead) finds room by evicting shards nobody leases, and
+    never waits for a lease to end: a worker of another rank, waiting at a barrier with this
+    one, cannot deadlock against it. The lookahead stops at half the cap. Leases are pins, held
+    by an open file's lock: the kernel drops them with the process. A thread watches the read
+    counts while a lease is held or wanted (between draws, and after the epoch's last draw)."""
+
+    WATCH_S = 0.02  # how often the read counts are looked at while a lease is held or wanted
+    RETRY_S = 0.25  # how often a skipped lease is tried again when none of ours ended
 
     def __init__(self, dataset: ShardedDataset, threads: int) -> None:
         self.dataset = dataset
         self.pool = _DaemonPool(threads, "stoker-shards")
         self.lock = threading.Lock()
         self.batches: collections.deque[tuple[int, ...]] = collections.deque()  # drawn, maybe unread
-        self.uses: collections.Counter[int] = collections.Counter()  # shard -> batches needing it
-        self.jobs: dict[int, Future[str]] = {}  # shard -> its download
+        self.uses: collections.Counter[int] = collections.Counter()  # shard -> those batches needing it
+        shards = len(dataset.index.shards)
+        self.drawn_samples = np.zeros(shards, dtype=np.int64)  # drawn from each shard so far
+        self.read = np.zeros(shards, dtype=np.int64)  # read from each shard, as last summed
+        self.tally = _Tally(dataset._reads_dir(), dataset._reads_key, shards)
+        self.jobs: dict[int, Future[bool]] = {}  # shard -> its lease being taken
+        self.leased: set[int] = set()  # shards this process pins for the batches
+        self.retried = 0.0
+        self.watching = False
         self.closed = False
+        # leases are decided one after another in the order needed (their downloads overlap):
+        # a shard needed later never takes the room of one needed sooner
+        self.turns = threading.Condition()
+        self.tickets = 0  # handed out
+        self.turn = 0  # the ticket whose lease is being decided
+        self.round = 0
+        self.blocked = -1  # the last round in which a lease did not fit: its later ones wait
 
     def drawn(self, indices: list[int], behind: int) -> bool:
         dataset = self.dataset
         found = np.searchsorted(dataset.shard_starts, np.asarray(indices, dtype=np.int64), side="right") - 1
         numbers = tuple(dict.fromkeys(found.tolist()))
         with self.lock:
+            np.add.at(self.drawn_samples, found, 1)
             self.batches.append(numbers)
             for s in numbers:
                 self.uses[s] += 1
-                if s not in self.jobs and not self.closed:
-                    self.jobs[s] = self.pool.submit(dataset._fetch, s)
             while len(self.batches) > behind + 1:
-                self._release(self.batches.popleft())
-            # look further while fewer than prefetch_shards shards are drawn beyond those the
-            # oldest unread batch needs, and the shards of the unread batches fill at most
-            # half the cap
-            current = set(self.batches[0])
-            ahead = set(self.uses) - current
-            live = sum(dataset._sizes[s] for s in self.uses)
-            return len(ahead) < dataset.prefetch_shards and 2 * live < dataset.cache_bytes
+                for s in self.batches.popleft():
+                    self.uses[s] -= 1
+                    if self.uses[s] <= 0:
+                        del self.uses[s]
+            wanted, ended = self._settle(retry=True)
+            # look further while fewer than prefetch_shards shards are wanted beyond those of
+            # the oldest batch that still needs one, and the wanted shards fill at most half
+            # the cap
+            first = next((b for b in self.batches if any(s in wanted for s in b)), ())
+            ahead = set(wanted) - set(first)
+            live = sum(dataset._sizes[s] for s in wanted)
+            more = len(ahead) < dataset.prefetch_shards and 2 * live < dataset.cache_bytes
+            watch = self._watch_needed()
+        self._unpin(ended)
+        if watch:
+            threading.Thread(target=self._watch, name="stoker-shards-leases", daemon=True).start()
+        return more
 
-    def _release(self, numbers: tuple[int, ...]) -> None:
+    def _settle(self, retry: bool) -> tuple[dict[int, None], list[int]]:
+        """Under the lock: the shards unread batches still need, in the order needed; the
+        leases that end (to unpin outside the lock); a lease attempt for each wanted shard
+        neither leased nor being leased (when `retry`, or when a lease ended)."""
+        self.read = self.tally.total()
+        wanted = {s: None for s in self.uses if self.read[s] < self.drawn_samples[s]}
+        ended = [s for s in self.leased if s not in wanted]
+        self.leased.difference_update(ended)
+        if (retry or ended) and not self.closed:
+            self.retried = time.monotonic()
+            self.round += 1
+            for s in wanted:
+                if s not in self.leased and s not in self.jobs:
+                    self.jobs[s] = self.pool.submit(self._lease, s, self.tickets, self.round)
+                    self.tickets += 1
+        return wanted, ended
+
+    def _watch_needed(self) -> bool:
+        """Under the lock: whether to start the watching thread (one that is not running)."""
+        if self.watching or self.closed or not (self.leased or self.jobs or self.uses):
+            return False
+        self.watching = True
+        return True
+
+    def _watch(self) -> None:
+        """End leases as their samples are read, and try skipped ones again, while any lease is
+        held or wanted; then the thread ends (none idles in a process the user may fork)."""
+        while True:
+            time.sleep(self.WATCH_S)
+            with self.lock:
+                wanted, ended = self._settle(retry=time.monotonic() - self.retried >= self.RETRY_S)
+                if self.closed or not (self.leased or self.jobs or wanted):
+                    self.watching = False  # every batch drawn is read: the next draw starts one
+                    stop = True
+                else:
+                    stop = False
+            self._unpin(ended)
+            if stop:
+                return
+
+    def _lease(self, number: int, ticket: int, round_: int) -> bool:
+        with self.turns:
+            while self.turn < ticket and not self.closed:
+                self.turns.wait(1.0)
+            skip = self.closed or self.blocked >= round_
+
+        def decided(fits: bool) -> None:
+            with self.turns:
+                if not fits:
+                    self.blocked = max(self.blocked, round_)
+                self.turn = max(self.turn, ticket + 1)
+                self.turns.notify_all()
+
+        got = False
+        if skip:
+            decided(False)
+        else:
+            try:
+                got = self.dataset._lease(number, decided)
+            except Exception:  # the reader that needs the shard meets the error itself
+                got = False
+        with self.lock:
+            self.jobs.pop(number, None)
+            if got and not self.closed and number in self.uses and self.read[number] < self.drawn_samples[number]:
+                self.leased.add(number)
+                return True
+        if got:  # no unread batch needs it any more
+            self._unpin([number])
+        return False
+
+    def _unpin(self, numbers: list[int]) -> None:
         for s in numbers:
-            self.uses[s] -= 1
-            if self.uses[s] <= 0:
-                del self.uses[s]
-                self.jobs.pop(s, None)  # drawn again later: fetched (or touched) again
+            self.dataset.cache.unpin(self.dataset.index.shards[s].name)
 
     def close(self) -> None:
         with self.lock:
             self.closed = True
             self.batches.clear()
             self.uses.clear()
-            self.jobs.clear()
+            ended, self.leased = list(self.leased), set()
+            self.tally.close()
+        with self.turns:
+            self.turns.notify_all()
         self.pool.shutdown()
+        self._unpin(ended)
