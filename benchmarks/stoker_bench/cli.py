@@ -8,7 +8,9 @@ import importlib.util
 import os
 import sys
 
-WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11")
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8", "W9", "W10", "W11", "W12")
+# the workloads of the `bench` package (one table and chart); the others print tables of their own
+BENCH_WORKLOADS = {"W1", "W2", "W3", "W4", "W5", "W6", "W7", "W8"}
 
 
 def _csv(text: str) -> list[str]:
@@ -18,14 +20,14 @@ def _csv(text: str) -> list[str]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stoker-bench",
-        description="Runs workloads W1-W11 (see benchmarks/README.md) through stoker and "
+        description="Runs workloads W1-W12 (see benchmarks/README.md) through stoker and "
         "torch.utils.data and prints a table. Run from a clone: python benchmarks/run.py [options]. "
         "It measures in the environment it is started in: it sets no thread variables "
         "(OMP_NUM_THREADS, ...) and records the ones it saw in the report.",
     )
     parser.add_argument("--workloads", type=_csv, default=",".join(WORKLOADS), help="comma-separated, e.g. W1,W2")
     parser.add_argument(
-        "--workers", type=_csv, default=None, help="comma-separated numbers of workers (default 0,1,2; with --gpu 4,8,14)"
+        "--workers", type=_csv, default=None, help="comma-separated numbers of workers (default 0,1,2; W10: 1,2,4,8; W12: 2,4,8,14; with --gpu 4,8,14)"
     )
     parser.add_argument("--reps", type=int, default=3, help="repetitions per configuration (interleaved)")
     parser.add_argument("--quick", action="store_true", help="small sizes and one repetition: a smoke test")
@@ -58,7 +60,7 @@ def _bench(args: argparse.Namespace) -> int:
     workloads = [w.upper() for w in (args.workloads if isinstance(args.workloads, list) else _csv(args.workloads))]
     unknown = sorted(set(workloads) - set(WORKLOADS))
     if unknown:
-        print(f"stoker-bench: unknown workloads {unknown}; choose from W1..W11", file=sys.stderr)
+        print(f"stoker-bench: unknown workloads {unknown}; choose from W1..W12", file=sys.stderr)
         return 2
     default_workers = args.workers is None  # --gpu has a default of its own
     raw_workers = _csv("0,1,2") if default_workers else args.workers
@@ -89,7 +91,7 @@ def _bench(args: argparse.Namespace) -> int:
     png_path = args.png or os.path.join(args.out_dir, "bench.png")
     sizes = bench.Sizes.quick() if args.quick else bench.Sizes()
     reps = 1 if args.quick else args.reps
-    if not set(workloads) <= {"W10", "W11"}:  # those two have a table of their own
+    if set(workloads) & BENCH_WORKLOADS:
         plan = bench.Plan(workloads, workers, reps, sizes, with_torch=with_torch)
         report = bench.run(plan)
         print(bench.table(report))
@@ -123,6 +125,14 @@ def _bench(args: argparse.Namespace) -> int:
         else:
             startbench.main(None if default_workers else workers, reps, args.quick,
                             os.path.join(args.out_dir, "startbench.json"))
+    if "W12" in workloads:  # torchvision's ImageNet training pipeline over an ImageFolder of JPEGs
+        from . import w12
+
+        print()
+        if not with_torch:
+            print("stoker-bench: W12 needs torch (it runs stoker.torch and torch.utils.data): skipped")
+        else:
+            w12.main(None if default_workers else workers, reps, args.quick, os.path.join(args.out_dir, "w12.json"))
     return 0
 
 

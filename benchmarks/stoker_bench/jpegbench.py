@@ -2,13 +2,17 @@
 
 The files: `FILES` distinct JPEGs (quality 90) at ImageNet's common sizes, made once from the
 photographs scikit-image ships (`_vision/photos.py`; nothing downloaded) and kept in the
-system's temporary folder between runs. Each row reads `images` of them (shuffled, batch 64)
+system's temporary folder between runs. An epoch is `max(1024, 64 x 8 x workers)` images, so
+that every worker delivers at least 8 batches (1,024 up to 2 workers, 7,168 at 14): the first
+that many of the files in a seeded shuffle, sample i reading file `i % files` once the epoch
+is longer than the files (`--quick`: 256 images). Each row reads them (shuffled, batch 64)
 through one pipeline:
 
 - "standard": what a torchvision training pipeline does per image, written with Pillow and
-  torch (torchvision does not install beside this CPU torch build): decode in full,
-  `RandomResizedCrop(224)` (the same box rule), random horizontal flip, to float in [0, 1],
-  normalise with ImageNet's mean and std; float32 batches.
+  torch (`standard_transform`, shared with W12: torchvision does not install beside this CPU
+  torch build): decode in full, `RandomResizedCrop(224)` (the same box rule, drawn from torch's
+  generator), random horizontal flip, to float in [0, 1], normalise with ImageNet's mean and
+  std; float32 batches.
 - "fused": `stoker.vision.DecodeCrop(224)`: the box drawn from the header, the JPEG decoded at
   the smallest scale that covers the crop at 224 (libjpeg-turbo through simplejpeg when
   installed), cropped and resized in one pass, flipped; uint8 batches, a quarter of the bytes,
@@ -31,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -39,54 +44,143 @@ FILES = 2000
 QUICK_FILES = 200
 IMAGES = 1024
 BATCH = 64
+BATCHES_PER_WORKER = 8  # an epoch gives every worker at least this many batches (not in --quick)
 SIZE = 224
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 ROWS = (("torch", "standard"), ("stoker.torch", "standard"), ("stoker.torch", "fused"))
 
 
-class Standard:
-    """The torchvision-style pipeline, float32 normalised CHW out."""
+class TorchRandom:
+    """`crop_box`'s random source drawn from torch's global generator, as torchvision's
+    transforms draw theirs (so that each loader's worker seeding is what makes them differ)."""
 
-    def __init__(self, paths: list[str]) -> None:
-        self.paths = paths
-
-    def __len__(self) -> int:
-        return len(self.paths)
-
-    def __getitem__(self, i: int) -> tuple[Any, int]:
+    def uniform(self, low: float, high: float) -> float:
         import torch
+
+        return float(torch.empty(1).uniform_(low, high).item())
+
+    def integers(self, low: int, high: int) -> int:
+        import torch
+
+        return int(torch.randint(low, high, (1,)).item())
+
+
+class RandomResizedCrop:
+    """torchvision's `RandomResizedCrop(size)` on a PIL image, written with Pillow: the box
+    drawn by the same rule (`stoker._vision.crop.crop_box`), cropped and resized bilinearly
+    with Pillow's antialiasing in one call."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __call__(self, image: Any) -> Any:
         from PIL import Image
 
         from stoker._vision.crop import crop_box
 
-        rng = np.random.default_rng()
-        with open(self.paths[i], "rb") as file:
-            image = Image.open(file).convert("RGB")
-        top, left, h, w = crop_box(image.height, image.width, rng)
-        image = image.resize((SIZE, SIZE), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
-        if rng.random() < 0.5:
-            image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        x = torch.from_numpy(np.array(image)).permute(2, 0, 1).float().div_(255)  # a copy, as ToTensor
-        mean = torch.tensor(MEAN).view(3, 1, 1)
-        std = torch.tensor(STD).view(3, 1, 1)
-        return x.sub_(mean).div_(std), i % 1000
+        top, left, h, w = crop_box(image.height, image.width, TorchRandom())
+        return image.resize((self.size, self.size), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
+
+
+class RandomHorizontalFlip:
+    """torchvision's `RandomHorizontalFlip()` on a PIL image: mirrored with probability 1/2."""
+
+    def __call__(self, image: Any) -> Any:
+        import torch
+        from PIL import Image
+
+        return image.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if torch.rand(1).item() < 0.5 else image
+
+
+class PILToTensor:
+    """torchvision's `PILToTensor()`: a uint8 CHW tensor (a transposed view of a copy of the pixels)."""
+
+    def __call__(self, image: Any) -> Any:
+        import torch
+
+        return torch.from_numpy(np.array(image)).permute(2, 0, 1)
+
+
+class ToTensor:
+    """torchvision's `ToTensor()` on an RGB PIL image: contiguous CHW float32 in [0, 1]."""
+
+    def __call__(self, image: Any) -> Any:
+        return PILToTensor()(image).contiguous().float().div(255)
+
+
+class Normalize:
+    """torchvision's `Normalize(mean, std)`: a new tensor, (x - mean) / std per channel."""
+
+    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...]) -> None:
+        import torch
+
+        self.mean = torch.tensor(mean).view(-1, 1, 1)
+        self.std = torch.tensor(std).view(-1, 1, 1)
+
+    def __call__(self, x: Any) -> Any:
+        return (x - self.mean).div_(self.std)
+
+
+class Compose:
+    """torchvision's `Compose`: each transform in turn."""
+
+    def __init__(self, transforms: list[Callable[[Any], Any]]) -> None:
+        self.transforms = transforms
+
+    def __call__(self, x: Any) -> Any:
+        for transform in self.transforms:
+            x = transform(x)
+        return x
+
+
+def standard_transform(size: int = SIZE, uint8: bool = False) -> Compose:
+    """The ImageNet training transform written with Pillow and torch: `RandomResizedCrop(size)`,
+    `RandomHorizontalFlip()`, then `ToTensor()` and `Normalize(MEAN, STD)` (float32 out) or,
+    with `uint8`, `PILToTensor()` (uint8 out)."""
+    tail: list[Callable[[Any], Any]] = [PILToTensor()] if uint8 else [ToTensor(), Normalize(MEAN, STD)]
+    return Compose([RandomResizedCrop(size), RandomHorizontalFlip(), *tail])
+
+
+def pil_rgb(path: str) -> Any:
+    """The image at `path` decoded in full, in RGB (torchvision's default loader)."""
+    from PIL import Image
+
+    with open(path, "rb") as file:
+        return Image.open(file).convert("RGB")
+
+
+class Standard:
+    """The torchvision-style pipeline (`standard_transform()`), float32 normalised CHW out;
+    sample i is file `i % len(paths)`."""
+
+    def __init__(self, paths: list[str], images: int | None = None) -> None:
+        self.paths = paths
+        self.images = len(paths) if images is None else images
+        self.transform = standard_transform()
+
+    def __len__(self) -> int:
+        return self.images
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        return self.transform(pil_rgb(self.paths[i % len(self.paths)])), i % 1000
 
 
 class Fused:
-    """`DecodeCrop(224)`: uint8 CHW out."""
+    """`DecodeCrop(224)`: uint8 CHW out; sample i is file `i % len(paths)`."""
 
-    def __init__(self, paths: list[str]) -> None:
+    def __init__(self, paths: list[str], images: int | None = None) -> None:
         from stoker.vision import DecodeCrop
 
         self.paths = paths
+        self.images = len(paths) if images is None else images
         self.decode = DecodeCrop(SIZE)
 
     def __len__(self) -> int:
-        return len(self.paths)
+        return self.images
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
-        return self.decode(self.paths[i]), i % 1000
+        return self.decode(self.paths[i % len(self.paths)]), i % 1000
 
 
 def files(count: int) -> list[str]:
@@ -103,10 +197,21 @@ def _cpu_s() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def epoch(loader_name: str, pipeline: str, paths: list[str], workers: int) -> tuple[float, float, float]:
-    """(images/s, CPU ms per image over all processes, MB per batch) of one epoch."""
+def epoch_images(workers: int, quick: bool, files: int) -> int:
+    """The images of an epoch at `workers` over `files` files: IMAGES (256 with `quick`) or
+    `files` if fewer, and at least BATCHES_PER_WORKER batches for every worker (not with `quick`)."""
+    if quick:
+        return min(256, files)
+    return max(min(IMAGES, files), BATCH * BATCHES_PER_WORKER * workers)
+
+
+def epoch(
+    loader_name: str, pipeline: str, paths: list[str], workers: int, images_wanted: int | None = None
+) -> tuple[float, float, float]:
+    """(images/s, CPU ms per image over all processes, MB per batch) of one epoch of
+    `images_wanted` images (default: one per path) over `paths`, file `i % len(paths)` for sample i."""
     module = importlib.import_module("stoker.torch" if loader_name == "stoker.torch" else "torch.utils.data")
-    dataset = Standard(paths) if pipeline == "standard" else Fused(paths)
+    dataset = Standard(paths, images_wanted) if pipeline == "standard" else Fused(paths, images_wanted)
     loader = module.DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=workers, drop_last=True)
     gc.collect()
     cpu, started = _cpu_s(), time.perf_counter()
@@ -131,23 +236,26 @@ def run(workers: list[int], reps: int, quick: bool) -> dict[str, Any]:
     """Every row at every worker count, repetitions interleaved."""
     paths = files(QUICK_FILES if quick else FILES)
     rng = np.random.default_rng(0)
-    chosen = [paths[i] for i in rng.permutation(len(paths))[: min(IMAGES if not quick else 256, len(paths))]]
+    shuffled = [paths[i] for i in rng.permutation(len(paths))]
     measured: dict[tuple[str, str, int], list[tuple[float, float, float]]] = {}
+    sizes = {count: epoch_images(count, quick, len(paths)) for count in workers}
     for _ in range(reps):
         for count in workers:
+            chosen = shuffled[: min(sizes[count], len(shuffled))]
             for loader_name, pipeline in ROWS:
-                measured.setdefault((loader_name, pipeline, count), []).append(epoch(loader_name, pipeline, chosen, count))
+                figures = epoch(loader_name, pipeline, chosen, count, sizes[count])
+                measured.setdefault((loader_name, pipeline, count), []).append(figures)
     rows = []
     for (loader_name, pipeline, count), values in measured.items():
         rows.append({
-            "loader": loader_name, "pipeline": pipeline, "workers": count,
+            "loader": loader_name, "pipeline": pipeline, "workers": count, "images": sizes[count],
             "images_per_s": statistics.median(v[0] for v in values),
             "cpu_ms_per_image": statistics.median(v[1] for v in values),
             "mb_per_batch": values[0][2],
             "all": values,
         })
     return {
-        "files": len(paths), "images": len(chosen), "batch": BATCH, "reps": reps,
+        "files": len(paths), "images": max(sizes.values()), "batch": BATCH, "reps": reps,
         "decoder": decoder_name(),
         "cpus": os.cpu_count(), "rows": rows,
     }
@@ -167,23 +275,24 @@ def decoder_name() -> str:
 def table(report: dict[str, Any]) -> str:
     """The report as text, with each row's ratios to torch's standard row at its worker count."""
     lines = [
-        f"W9: {report['images']} of {report['files']} real JPEGs from disk, RandomResizedCrop(224) + flip, "
+        f"W9: real JPEGs from disk ({report['files']} files), RandomResizedCrop(224) + flip, "
         f"batch {report['batch']}, {report['reps']} repetition(s) interleaved, medians; fused decoder: "
         f"{report['decoder']}; {report['cpus']} CPUs",
-        f"{'loader':<14}{'pipeline':<10}{'workers':>8}{'images/s':>10}{'vs torch':>10}{'CPU ms/image':>14}"
+        f"{'loader':<14}{'pipeline':<10}{'workers':>8}{'images':>8}{'images/s':>10}{'vs torch':>10}{'CPU ms/image':>14}"
         f"{'vs torch':>10}{'MB/batch':>10}",
     ]
     base = {r["workers"]: r for r in report["rows"] if r["loader"] == "torch"}
     for row in sorted(report["rows"], key=lambda r: (r["workers"], ROWS.index((r["loader"], r["pipeline"])))):
         torch_row = base[row["workers"]]
         lines.append(
-            f"{row['loader']:<14}{row['pipeline']:<10}{row['workers']:>8}{row['images_per_s']:>10,.0f}"
+            f"{row['loader']:<14}{row['pipeline']:<10}{row['workers']:>8}{row['images']:>8}{row['images_per_s']:>10,.0f}"
             f"{row['images_per_s'] / torch_row['images_per_s']:>9.2f}x{row['cpu_ms_per_image']:>14.2f}"
             f"{row['cpu_ms_per_image'] / torch_row['cpu_ms_per_image']:>9.2f}x{row['mb_per_batch']:>10.1f}"
         )
     lines.append(
         "standard: full decode, crop, resize, flip, float, normalise on the CPU (float32 out); fused: "
-        "stoker.vision.DecodeCrop (uint8 out, normalise on the GPU); CPU ms/image: all processes"
+        "stoker.vision.DecodeCrop (uint8 out, normalise on the GPU); CPU ms/image: all processes; "
+        f"images: an epoch (at least {BATCHES_PER_WORKER} batches per worker, files reused past {report['files']})"
     )
     return "\n".join(lines)
 
