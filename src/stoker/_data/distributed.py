@@ -232,7 +232,7 @@ class RankShareSampler(DistributedSampler):
     Training frameworks shard a loader again unless its sampler is a
     `torch.utils.data.DistributedSampler`: Lightning and Fabric wrap any other sampler in theirs,
     and each rank would read half of its share. So an instance made while torch is imported is
-    also of torch's DistributedSampler kind (`torch_kinds.rank_share_kind`: a subclass of both,
+    also of torch's DistributedSampler kind (`rank_share_kind`: a subclass of both,
     named as its class), and the frameworks keep it; made without torch, it is this class, and
     `import stoker.shards` or `stoker.mix` never imports torch. accelerate shards whatever it
     gets: stoker's wrapping of `accelerator.prepare` (`_frameworks/accelerate.py`) finds these
@@ -242,8 +242,6 @@ class RankShareSampler(DistributedSampler):
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         kind: type = cls
         if "torch.utils.data" in sys.modules:  # imported by someone: never imported from here
-            from .torch_kinds import rank_share_kind
-
             kind = rank_share_kind(cls)
         return object.__new__(kind)
 
@@ -263,6 +261,25 @@ class RankShareSampler(DistributedSampler):
         getstate = getattr(self, "__getstate__", None)
         state = getstate() if getstate is not None else dict(vars(self))
         return (_made_again, (plain_kind(type(self)), state))
+
+
+_RANK_SHARE_KINDS: dict[type, type] = {}
+
+
+def rank_share_kind(cls: type) -> type:
+    """`cls` (a `RankShareSampler` subclass) of torch's DistributedSampler kind: a subclass of
+    both, of the same name and module, made once per class. `cls` itself when it already is.
+    Called only once torch is imported (it is never imported from here)."""
+    import torch.utils.data as td
+
+    if issubclass(cls, td.DistributedSampler):
+        return cls
+    kind = _RANK_SHARE_KINDS.get(cls)
+    if kind is None:
+        namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
+                     "_plain_kind": cls}
+        kind = _RANK_SHARE_KINDS.setdefault(cls, type(cls.__name__, (cls, td.DistributedSampler), namespace))
+    return kind
 
 
 def plain_kind(cls: type) -> type:

@@ -79,19 +79,3 @@ class BatchSampler(_samplers.BatchSampler, _td.BatchSampler):
 class DistributedSampler(_distributed.DistributedSampler, _td.DistributedSampler):  # type: ignore[misc]
     __doc__ = _distributed.DistributedSampler.__doc__
     _flavour = "torch"
-
-
-_RANK_SHARE_KINDS: dict[type, type] = {}
-
-
-def rank_share_kind(cls: type) -> type:
-    """`cls` (a `RankShareSampler` subclass) of torch's DistributedSampler kind: a subclass of
-    both, of the same name and module, made once per class. `cls` itself when it already is."""
-    if issubclass(cls, _td.DistributedSampler):
-        return cls
-    kind = _RANK_SHARE_KINDS.get(cls)
-    if kind is None:
-        namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
-                     "_plain_kind": cls}
-        kind = _RANK_SHARE_KINDS.setdefault(cls, type(cls.__name__, (cls, _td.DistributedSampler), namespace))
-    return kind

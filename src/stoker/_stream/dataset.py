@@ -19,15 +19,11 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import itertools
 import json
-import mmap
 import os
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
 from functools import partial
 from typing import Any, BinaryIO
 
@@ -35,6 +31,7 @@ import numpy as np
 
 from .._data.datasets import Dataset
 from .._data.identity import callable_name
+from .ahead import Planner, Reads, download_parts
 from .cache import ShardCache
 from .formats import decode_auto, read_parquet_row, read_tar_sample
 from .index import Index
@@ -158,13 +155,13 @@ class ShardedDataset(Dataset[Any]):
             )
         self.cache_bytes = cache_bytes
         self.cache = ShardCache(folder, cache_bytes, timeout_s=timeout_s)
-        self._planner: _Planner | None = None
+        self._planner: Planner | None = None
         self._planner_pid = -1
         self._open_shards: _OpenShards | None = None
         # names this dataset's read counts in the cache folder: the loader's process (its
         # planner) sums what its workers read, to end each lease once its samples are read
         self._reads_key = f"{os.getpid()}-{os.urandom(6).hex()}"
-        self._reads: _Reads | None = None
+        self._reads: Reads | None = None
         self._index_digest: str | None = None  # stoker_describe's, made at the first state
 
     def __len__(self) -> int:
@@ -218,14 +215,14 @@ class ShardedDataset(Dataset[Any]):
                 opened.forget(number)  # evicted under the read: the cache empties a shard first
         raise OSError(f"shard {shard.name} was evicted from the cache each time it was fetched: raise cache_bytes")
 
-    def _counted(self) -> _Reads:
+    def _counted(self) -> Reads:
         reads = self._reads
         if (
             reads is None
             or reads.pid != os.getpid()
             or (reads.counts is None and self._planner is not None and self._planner_pid == os.getpid())
         ):
-            reads = self._reads = _Reads(self._reads_dir(), self._reads_key, len(self.index.shards))
+            reads = self._reads = Reads(self._reads_dir(), self._reads_key, len(self.index.shards))
         return reads
 
     def _reads_dir(self) -> str:
@@ -243,7 +240,7 @@ class ShardedDataset(Dataset[Any]):
         part = self.part_bytes
         if self.store.scheme == "file" or part is None or size <= 2 * part:
             return partial(self.store.download, shard.name, size=size)
-        return partial(_download_parts, self.store, shard.name, size, part, self.download_threads)
+        return partial(download_parts, self.store, shard.name, size, part, self.download_threads)
 
     def _fetch(self, number: int) -> str:
         shard = self.index.shards[number]
@@ -277,7 +274,7 @@ class ShardedDataset(Dataset[Any]):
             batch at once.
         """
         if self._planner is None or self._planner_pid != os.getpid():
-            self._planner = _Planner(self, self.download_threads)
+            self._planner = Planner(self, self.download_threads)
             self._planner_pid = os.getpid()
         return self._planner.drawn(indices, behind)
 
@@ -324,87 +321,6 @@ class ShardedDataset(Dataset[Any]):
 
     def __repr__(self) -> str:
         return f"ShardedDataset({self.url!r}, {len(self.index)} samples in {len(self.index.shards)} shards)"
-
-
-def _download_parts(store: Store, name: str, size: int, part: int, parallel: int, out: BinaryIO) -> int:
-    """Download object `name` into `out` as ranges of `part` bytes, `parallel` requests in
-    flight, written in order: an object store serves each connection at a bounded rate, so one
-    shard arrives several times faster over several connections. At most `parallel` + 1 parts
-    are held in memory."""
-    starts = range(0, size, part)
-    pool = _DaemonPool(parallel, "stoker-parts")
-    try:
-        pending: collections.deque[Future[bytes]] = collections.deque()
-        parts = iter(starts)
-        for start in itertools.islice(parts, parallel):
-            pending.append(pool.submit(store.read, name, start, min(size, start + part)))
-        written = 0
-        try:
-            while pending:
-                data = pending.popleft().result()
-                out.write(data)
-                written += len(data)
-                for start in itertools.islice(parts, 1):
-                    pending.append(pool.submit(store.read, name, start, min(size, start + part)))
-        finally:
-            for job in pending:
-                job.cancel()
-    finally:
-        pool.shutdown()
-    return written
-
-
-class _DaemonPool:
-    """Up to `threads` daemon threads running submitted calls, in order, that exist only while
-    there is work: a thread ends when it finds the queue empty, and `submit` starts one when
-    fewer than `threads` run. So no idle download thread outlives an epoch's last download
-    (and is there when the user's process forks), and none holds up the interpreter's exit, as
-    ThreadPoolExecutor's do: a download under way when the program ends is abandoned, and the
-    cache removes its temporary file later (its lock went with the process)."""
-
-    def __init__(self, threads: int, name: str) -> None:
-        self.most = threads
-        self.name = name
-        self.queue: collections.deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]] = collections.deque()
-        self.lock = threading.Lock()
-        self.live = 0
-        self.started = 0
-        self.closed = False
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        job: Future[Any] = Future()
-        with self.lock:
-            if self.closed:
-                job.cancel()
-                return job
-            self.queue.append((job, fn, args))
-            if self.live < self.most:
-                self.live += 1
-                self.started += 1
-                threading.Thread(target=self._run, name=f"{self.name}-{self.started}", daemon=True).start()
-        return job
-
-    def _run(self) -> None:
-        while True:
-            with self.lock:
-                if not self.queue:
-                    self.live -= 1
-                    return
-                job, fn, args = self.queue.popleft()
-            if not job.set_running_or_notify_cancel():
-                continue
-            try:
-                job.set_result(fn(*args))
-            except BaseException as exc:
-                job.set_exception(exc)
-
-    def shutdown(self) -> None:
-        """Cancel what has not started; the threads end after what they are running."""
-        with self.lock:
-            self.closed = True
-            waiting, self.queue = self.queue, collections.deque()
-        for job, _, _ in waiting:
-            job.cancel()
 
 
 class _OpenShards:
@@ -466,124 +382,6 @@ class _OpenShards:
             pass
 
 
-class _Reads:
-    """How many samples of each shard one process has read: an array of int64 in a file of its
-    own, `reads/<key>.<pid>` in the cache folder, that only this process writes and the
-    loader's process (its `_Planner`) maps and sums, to end each lease once the samples drawn
-    from its shard are read. Reading costs one increment a sample. Nothing is counted when no
-    loader plans for the dataset (no file `reads/<key>` marks its planner: a dataset read by
-    torch's loader leaves no file), or when the file cannot be made: leases then end only as
-    the loader's window moves on."""
-
-    def __init__(self, folder: str, key: str, shards: int) -> None:
-        self.pid = os.getpid()
-        self.lock = threading.Lock()
-        self.counts: np.ndarray | None = None
-        self._map: mmap.mmap | None = None
-        if not os.path.exists(os.path.join(folder, key)):
-            return
-        try:
-            path = os.path.join(folder, f"{key}.{self.pid}")
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
-            try:
-                os.ftruncate(fd, 8 * max(1, shards))
-                self._map = mmap.mmap(fd, 8 * max(1, shards))
-            finally:
-                os.close(fd)
-            self.counts = np.frombuffer(self._map, dtype=np.int64)
-        except (OSError, ValueError):
-            self.counts = None
-
-    def add(self, number: int) -> None:
-        counts = self.counts
-        if counts is not None:
-            with self.lock:  # thread workers share the process's file
-                counts[number] += 1
-
-    def close(self) -> None:
-        if self.pid == os.getpid() and self._map is not None:
-            self.counts = None
-            try:
-                self._map.close()
-            except BufferError:  # a view is still alive: the mapping goes with it
-                pass
-        self._map = None
-
-
-class _Tally:
-    """The loader's process's sum of the read counts of the processes reading for it (files
-    `reads/<key>.<pid>`, see `_Reads`). A reader that has exited has its counts added to a
-    running total and its file removed; files left by a loader's process that died are
-    removed when another one starts counting in the folder."""
-
-    def __init__(self, folder: str, key: str, shards: int) -> None:
-        self.folder, self.key, self.shards = folder, key, shards
-        self.done = np.zeros(shards, dtype=np.int64)  # what exited readers read
-        self.live: dict[str, tuple[int, np.ndarray]] = {}  # file name -> (pid, its counts)
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            names = []
-        for name in names:  # "<loader pid>-<token>" (a planner's mark) and ".<reader pid>"
-            if not _alive(name.split("-", 1)[0]):
-                _unlink(os.path.join(folder, name))
-        try:  # the mark that tells readers to count
-            os.makedirs(folder, exist_ok=True)
-            os.close(os.open(os.path.join(folder, key), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
-        except OSError:
-            pass
-
-    def total(self) -> np.ndarray:
-        try:
-            names = [n for n in os.listdir(self.folder) if n.startswith(self.key + ".") and n not in self.live]
-        except OSError:
-            names = []
-        for name in names:
-            try:
-                with open(os.path.join(self.folder, name), "rb") as file:
-                    view = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-            except (OSError, ValueError):  # not sized yet: seen at the next look
-                continue
-            if len(view) >= 8 * self.shards:
-                self.live[name] = (int(name.rsplit(".", 1)[1]), np.frombuffer(view, dtype=np.int64, count=self.shards))
-        total = self.done.copy()
-        for name, (pid, counts) in list(self.live.items()):
-            total += counts
-            if pid != os.getpid() and not _alive(str(pid)):  # its counts are final
-                self.done += counts
-                del self.live[name]
-                _unlink(os.path.join(self.folder, name))
-        return total
-
-    def close(self) -> None:
-        self.live.clear()
-        try:
-            names = [n for n in os.listdir(self.folder) if n == self.key or n.startswith(self.key + ".")]
-        except OSError:
-            names = []
-        for name in names:
-            _unlink(os.path.join(self.folder, name))
-
-
-def _alive(pid: str) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except (ValueError, OverflowError):  # not a pid: not one of these files
-        return True
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
 def _naming(exc: OSError, where: str) -> OSError:
     """`exc` again, of its own type, its message followed by which sample needed it."""
     note = f" (needed by {where})"
@@ -596,165 +394,3 @@ def _naming(exc: OSError, where: str) -> OSError:
     except Exception:
         return exc
     return named
-
-
-class _Planner:
-    """The downloads ahead of one loader's batches, in its process, and the leases that keep
-    their shards in the cache until the batches are read.
-
-    Each shard a drawn batch needs is leased (`ShardCache.lease`: downloaded if absent, then
-    pinned), in the order the batches need them. A lease ends when the samples drawn from its
-    shard have all been read (the readers count their reads in files the planner sums, see
-    `_Reads`), or when every batch needing it has left the loader's window (`behind`): so the
-    shards being read are never evicted to make room for those drawn ahead, whatever the
-    workers, ranks or timestamps do, and each shard is downloaded once per epoch when the cache
-    holds about two windows.
-
-    The leases of every process on the machine are held to the cap less the largest shard: a
-    lease that would pass it is skipped (nothing downloaded, nothing evicted) and tried again
-    once a lease has ended. So a reader that needs a shard nobody leased (the cap too small for
-    a window, or another rank's leases ahead) finds room by evicting shards nobody leases, and
-    never waits for a lease to end: a worker of another rank, waiting at a barrier with this
-    one, cannot deadlock against it. The lookahead stops at half the cap. Leases are pins, held
-    by an open file's lock: the kernel drops them with the process. A thread watches the read
-    counts while a lease is held or wanted (between draws, and after the epoch's last draw)."""
-
-    WATCH_S = 0.02  # how often the read counts are looked at while a lease is held or wanted
-    RETRY_S = 0.25  # how often a skipped lease is tried again when none of ours ended
-
-    def __init__(self, dataset: ShardedDataset, threads: int) -> None:
-        self.dataset = dataset
-        self.pool = _DaemonPool(threads, "stoker-shards")
-        self.lock = threading.Lock()
-        self.batches: collections.deque[tuple[int, ...]] = collections.deque()  # drawn, maybe unread
-        self.uses: collections.Counter[int] = collections.Counter()  # shard -> those batches needing it
-        shards = len(dataset.index.shards)
-        self.drawn_samples = np.zeros(shards, dtype=np.int64)  # drawn from each shard so far
-        self.read = np.zeros(shards, dtype=np.int64)  # read from each shard, as last summed
-        self.tally = _Tally(dataset._reads_dir(), dataset._reads_key, shards)
-        self.jobs: dict[int, Future[bool]] = {}  # shard -> its lease being taken
-        self.leased: set[int] = set()  # shards this process pins for the batches
-        self.retried = 0.0
-        self.watching = False
-        self.closed = False
-        # leases are decided one after another in the order needed (their downloads overlap):
-        # a shard needed later never takes the room of one needed sooner
-        self.turns = threading.Condition()
-        self.tickets = 0  # handed out
-        self.turn = 0  # the ticket whose lease is being decided
-        self.round = 0
-        self.blocked = -1  # the last round in which a lease did not fit: its later ones wait
-
-    def drawn(self, indices: list[int], behind: int) -> bool:
-        dataset = self.dataset
-        found = np.searchsorted(dataset.shard_starts, np.asarray(indices, dtype=np.int64), side="right") - 1
-        numbers = tuple(dict.fromkeys(found.tolist()))
-        with self.lock:
-            np.add.at(self.drawn_samples, found, 1)
-            self.batches.append(numbers)
-            for s in numbers:
-                self.uses[s] += 1
-            while len(self.batches) > behind + 1:
-                for s in self.batches.popleft():
-                    self.uses[s] -= 1
-                    if self.uses[s] <= 0:
-                        del self.uses[s]
-            wanted, ended = self._settle(retry=True)
-            # look further while fewer than prefetch_shards shards are wanted beyond those of
-            # the oldest batch that still needs one, and the wanted shards fill at most half
-            # the cap
-            first = next((b for b in self.batches if any(s in wanted for s in b)), ())
-            ahead = set(wanted) - set(first)
-            live = sum(dataset._sizes[s] for s in wanted)
-            more = len(ahead) < dataset.prefetch_shards and 2 * live < dataset.cache_bytes
-            watch = self._watch_needed()
-        self._unpin(ended)
-        if watch:
-            threading.Thread(target=self._watch, name="stoker-shards-leases", daemon=True).start()
-        return more
-
-    def _settle(self, retry: bool) -> tuple[dict[int, None], list[int]]:
-        """Under the lock: the shards unread batches still need, in the order needed; the
-        leases that end (to unpin outside the lock); a lease attempt for each wanted shard
-        neither leased nor being leased (when `retry`, or when a lease ended)."""
-        self.read = self.tally.total()
-        wanted = {s: None for s in self.uses if self.read[s] < self.drawn_samples[s]}
-        ended = [s for s in self.leased if s not in wanted]
-        self.leased.difference_update(ended)
-        if (retry or ended) and not self.closed:
-            self.retried = time.monotonic()
-            self.round += 1
-            for s in wanted:
-                if s not in self.leased and s not in self.jobs:
-                    self.jobs[s] = self.pool.submit(self._lease, s, self.tickets, self.round)
-                    self.tickets += 1
-        return wanted, ended
-
-    def _watch_needed(self) -> bool:
-        """Under the lock: whether to start the watching thread (one that is not running)."""
-        if self.watching or self.closed or not (self.leased or self.jobs or self.uses):
-            return False
-        self.watching = True
-        return True
-
-    def _watch(self) -> None:
-        """End leases as their samples are read, and try skipped ones again, while any lease is
-        held or wanted; then the thread ends (none idles in a process the user may fork)."""
-        while True:
-            time.sleep(self.WATCH_S)
-            with self.lock:
-                wanted, ended = self._settle(retry=time.monotonic() - self.retried >= self.RETRY_S)
-                if self.closed or not (self.leased or self.jobs or wanted):
-                    self.watching = False  # every batch drawn is read: the next draw starts one
-                    stop = True
-                else:
-                    stop = False
-            self._unpin(ended)
-            if stop:
-                return
-
-    def _lease(self, number: int, ticket: int, round_: int) -> bool:
-        with self.turns:
-            while self.turn < ticket and not self.closed:
-                self.turns.wait(1.0)
-            skip = self.closed or self.blocked >= round_
-
-        def decided(fits: bool) -> None:
-            with self.turns:
-                if not fits:
-                    self.blocked = max(self.blocked, round_)
-                self.turn = max(self.turn, ticket + 1)
-                self.turns.notify_all()
-
-        got = False
-        if skip:
-            decided(False)
-        else:
-            try:
-                got = self.dataset._lease(number, decided)
-            except Exception:  # the reader that needs the shard meets the error itself
-                got = False
-        with self.lock:
-            self.jobs.pop(number, None)
-            if got and not self.closed and number in self.uses and self.read[number] < self.drawn_samples[number]:
-                self.leased.add(number)
-                return True
-        if got:  # no unread batch needs it any more
-            self._unpin([number])
-        return False
-
-    def _unpin(self, numbers: list[int]) -> None:
-        for s in numbers:
-            self.dataset.cache.unpin(self.dataset.index.shards[s].name)
-
-    def close(self) -> None:
-        with self.lock:
-            self.closed = True
-            self.batches.clear()
-            self.uses.clear()
-            ended, self.leased = list(self.leased), set()
-            self.tally.close()
-        with self.turns:
-            self.turns.notify_all()
-        self.pool.shutdown()
-        self._unpin(ended)

@@ -120,7 +120,8 @@ class _ChunkSink:
 class _Owner:
     """What the owner holds: its listening socket, token and the stores it serves."""
 
-    def __init__(self) -> None:
+    def __init__(self, make_store: Callable[..., Any]) -> None:
+        self.make_store = make_store
         self.pid = os.getpid()
         self.token = secrets.token_bytes(32)
         self.address = f"\0stoker-relay-{self.pid}-{secrets.token_hex(8)}"
@@ -141,14 +142,12 @@ class _Owner:
             threading.Thread(target=self._serve, args=(conn,), name="stoker-relay-conn", daemon=True).start()
 
     def _store(self, key: tuple[Any, ...]) -> Any:
-        from .store import Store
-
         blob = pickle.dumps(key)
         with self.lock:
             store = self.stores.get(blob)
             if store is None:
                 url, options, client, timeout_s = key
-                store = self.stores[blob] = Store(
+                store = self.stores[blob] = self.make_store(
                     url, storage_options=options, client=client, retries=0, timeout_s=timeout_s
                 )
         return store
@@ -216,18 +215,22 @@ _inherited: tuple[str, bytes, int] | None = None
 _owner_lock = threading.Lock()
 
 
-def become_owner() -> None:
+def become_owner(make_store: Callable[..., Any]) -> None:
     """Open this process's relay (once), before its first obstore request.
 
     Does nothing where there is no abstract Unix socket (outside Linux) or when this process
     already is the owner.
+
+    Args:
+        make_store: Makes the owner's store for a request: called as `Store` is, with the
+            asker's url, storage options, client and timeout, and `retries=0`.
     """
     global _owner
     if not sys.platform.startswith("linux"):
         return
     with _owner_lock:
         if _owner is None or _owner.pid != os.getpid():
-            _owner = _Owner()
+            _owner = _Owner(make_store)
 
 
 def available() -> bool:

@@ -217,7 +217,7 @@ class Store:
                     backend = LocalBackend(self)
                 elif kind == "obstore":
                     if obstore_usable():
-                        relay.become_owner()  # before the runtime starts: see `relay`
+                        relay.become_owner(Store)  # before the runtime starts: see `relay`
                         backend = ObstoreBackend(self)
                     elif relay.available():
                         backend = relay.RelayBackend(self)
