@@ -28,6 +28,22 @@ its threads: the pin thread's copies count); beside them, the copy rates this ma
 (`copy_rates`: from ordinary memory, from `pin_memory()` memory, from a shared-memory mapping
 registered in place, and the `pin_memory()` copy itself).
 
+A second part, "W12 on the GPU path" (`gpu_path`), runs W12's ImageFolder of real JPEGs
+(`w12`) with the JPEGs decoded on the GPU: `ImageFolder(root, loader=DecodeOnDevice(224))`,
+`collate_jpegs`, stoker.torch's DataLoader with `pin_memory=True` and at most
+`GPU_PATH_MAX_WORKERS` workers, and `to_device(loader, device, transform=decode_jpegs(mean,
+std))` (nvJPEG through torchvision where it imports). It reports, in the same run:
+
+- W12's figures for that pipeline (`w12.epoch`; each batch counted when it is decoded: the
+  consumer's stream is synchronised before the clock reads it), beside torch.utils.data's W12
+  "float" row at every worker count of `w12.WORKERS` the machine has CPUs for, and the ratio
+  to torch's best of them;
+- the GPU time per image: CUDA events around `decode_jpegs` on ready host batches of the same
+  files (nvJPEG's host-side work included, since the events wait for it), and the wall time;
+- the feed ratio against a fixed step calibrated to `FEED_TARGET_IMAGES_PER_S` (about
+  ResNet-50's pace on an H100): the step above with its head's repeats chosen from two timed
+  settings, then the GPU-path loader feeding it, over the step alone on one resident batch.
+
 Nothing here sets OMP_NUM_THREADS or the like, or calls torch.set_num_threads. Without a CUDA
 GPU the run prints one line saying it skipped, and why, and succeeds.
 """
@@ -385,6 +401,276 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# ------------------------------------------------------------- W12 on the GPU path
+GPU_PATH_MAX_WORKERS = 4
+GPU_PATH_WORKERS = (2, 4)
+FEED_TARGET_IMAGES_PER_S = 3000.0
+CALIBRATION_REPEATS = (8, 64)  # the head's repeats timed to fit the step to the target
+
+
+@dataclass(frozen=True)
+class GpuPathPlan:
+    """What the "W12 on the GPU path" part measures."""
+
+    gpu_workers: tuple[int, ...] = GPU_PATH_WORKERS
+    torch_workers: tuple[int, ...] = (2, 4, 8, 14)  # w12.WORKERS
+    reps: int = 3
+    quick: bool = False
+    warm: int = 5
+    measured: int = 30
+    decode_batches: int = 8  # host batches timed for the GPU time per image
+    target: float = FEED_TARGET_IMAGES_PER_S
+    decoder: str = "auto"
+    device: str = "cuda"
+    head_width: int = HEAD_WIDTH
+    step_warm: int = 3  # steps run before the step's clock starts, in the calibration
+    step_measured: int = 10  # steps timed per calibration figure
+
+    @classmethod
+    def quick_plan(cls, device: str = "cuda") -> GpuPathPlan:
+        """A smoke test: W12's quick files and batch, one repetition, two workers."""
+        return cls(gpu_workers=(2,), torch_workers=(2,), reps=1, quick=True, warm=2, measured=4,
+                   decode_batches=2, device=device)
+
+
+def _w12() -> Any:
+    from . import w12
+
+    return w12
+
+
+def gpu_pipeline(device: Any, decoder: str = "auto") -> Any:
+    """W12's row for the GPU path (a `w12.Pipeline`): each batch yielded once it is decoded."""
+    w12 = _w12()
+    from stoker.torch import to_device
+    from stoker.vision import DecodeOnDevice, ImageFolder, collate_jpegs, decode_jpegs
+
+    def decoded(loader: Any) -> Iterable[Any]:
+        for batch in to_device(loader, device, transform=decode_jpegs(w12.MEAN, w12.STD, decoder=decoder)):
+            _synchronize_current(device)
+            yield batch
+
+    return w12.Pipeline(
+        "gpu",
+        "ImageFolder(loader=DecodeOnDevice(224)) + collate_jpegs, pin_memory=True; to_device(transform="
+        "decode_jpegs(mean, std)): JPEG bytes to the GPU, nvJPEG, crop-resize-flip-normalise there: float32",
+        lambda root, samples: w12.Repeat(ImageFolder(root, loader=DecodeOnDevice(w12.SIZE)), samples),
+        loaders=("stoker.torch",),
+        baseline="float",
+        options={"collate_fn": collate_jpegs, "pin_memory": True},
+        wrap=decoded,
+    )
+
+
+def _synchronize_current(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+def _host_batches(paths: list[str], batch: int, count: int) -> list[Any]:
+    """`count` JpegBatches of `batch` of the files, drawn as the workers draw them."""
+    from stoker.vision import DecodeOnDevice, collate_jpegs
+
+    make = DecodeOnDevice(_w12().SIZE, generator=0)
+    return [
+        collate_jpegs([make(paths[(k * batch + i) % len(paths)]) for i in range(batch)]) for k in range(count)
+    ]
+
+
+def decode_times(batches: list[Any], device: Any, decoder: str = "auto") -> dict[str, float]:
+    """ms per image of `decode_jpegs(mean, std)` on ready host batches: the device's time (CUDA
+    events on the current stream, around the call; on the CPU, none) and the wall time, the
+    first batch untimed (the decoder's start)."""
+    import torch
+
+    from stoker.vision import decode_jpegs
+
+    w12 = _w12()
+    transform = decode_jpegs(w12.MEAN, w12.STD, device=device, decoder=decoder)
+    transform(batches[0])
+    _synchronize(device)
+    images = sum(len(b) for b in batches[1:])
+    gpu_ms = 0.0
+    started = time.perf_counter()
+    for batch in batches[1:]:
+        if device.type == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            transform(batch)
+            end.record()
+            end.synchronize()
+            gpu_ms += begin.elapsed_time(end)
+        else:
+            transform(batch)
+    _synchronize(device)
+    wall_ms = 1000 * (time.perf_counter() - started)
+    return {
+        "device_ms_per_image": gpu_ms / images if device.type == "cuda" else float("nan"),
+        "wall_ms_per_image": wall_ms / images,
+        "images_per_s": 1000 * images / wall_ms,
+    }
+
+
+def calibrated_step(
+    device: Any, target: float, batch: tuple[Any, Any], head_width: int = HEAD_WIDTH, reps: int = 3,
+    warm: int = 3, measured: int = 10,
+) -> tuple[Step, float]:
+    """The fixed step with its head's repeats chosen so that it runs at about `target`
+    images/s on a resident batch (the time is linear in the repeats); and its images/s (each
+    figure the median of `reps` runs of `measured` steps after `warm`)."""
+
+    def plan(repeats: int) -> Plan:
+        return Plan(warm=warm, measured=measured, head_width=head_width, head_repeats=repeats, device=str(device))
+
+    low, high = CALIBRATION_REPEATS
+    seconds = []
+    for repeats in (low, high):
+        seconds.append(1 / statistics.median(ceiling(plan(repeats), Step(plan(repeats), device), batch) for _ in range(reps)))
+    per_repeat = (seconds[1] - seconds[0]) / (high - low)
+    fixed = seconds[0] - low * per_repeat
+    repeats = max(0, round((1 / target - fixed) / per_repeat)) if per_repeat > 0 else low
+    step = Step(plan(repeats), device)
+    return step, statistics.median(ceiling(plan(repeats), step, batch) for _ in range(reps))
+
+
+def gpu_feed(step: Step, root: str, workers: int, batch: int, warm: int, measured: int, decoder: str) -> float:
+    """Images/s of the GPU-path loader feeding `step`, over `measured` batches after `warm`."""
+    from stoker.torch import DataLoader, to_device
+    from stoker.vision import decode_jpegs
+
+    w12 = _w12()
+    pipeline = gpu_pipeline(step.device, decoder)
+    samples = (warm + measured + DEPTH + 2) * batch
+    loader = DataLoader(
+        pipeline.dataset(root, samples), batch_size=batch, shuffle=True, num_workers=workers,
+        prefetch_factor=w12.PREFETCH, **pipeline.options,
+    )
+    # the step overlaps the decoding: no synchronisation per batch, unlike the W12 rows
+    iterator = iter(to_device(loader, step.device, transform=decode_jpegs(w12.MEAN, w12.STD, decoder=decoder)))
+    started = finished = 0.0
+    try:
+        for i, (images, labels) in enumerate(iterator):
+            step(images, labels)
+            if i + 1 == warm:
+                _synchronize(step.device)
+                started = time.perf_counter()
+            elif i + 1 == warm + measured:
+                _synchronize(step.device)
+                finished = time.perf_counter()
+                break
+    finally:
+        iterator.close()
+        del iterator, loader
+        gc.collect()
+    return measured * batch / (finished - started)
+
+
+def gpu_path(plan: GpuPathPlan, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Every measurement of the "W12 on the GPU path" part (see the module's docstring)."""
+    import torch
+
+    from . import jpegbench
+
+    w12 = _w12()
+    if any(count > GPU_PATH_MAX_WORKERS for count in plan.gpu_workers):
+        raise ValueError(f"gpu_workers should be at most {GPU_PATH_MAX_WORKERS}, but got {plan.gpu_workers}")
+    device = torch.device(plan.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    paths = jpegbench.files(w12.QUICK_FILES if plan.quick else w12.FILES)
+    root = os.path.dirname(os.path.dirname(paths[0]))
+    batch = w12.QUICK_BATCH if plan.quick else w12.BATCH
+    w12.warm(paths)
+    cpus = w12.usable_cpus()
+    torch_counts = [c for c in plan.torch_workers if c <= cpus] or [min(plan.torch_workers)]
+    ours = gpu_pipeline(device, plan.decoder)
+    rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for rep in range(plan.reps):
+        for pipeline, loader_name, counts in ((w12.PIPELINES["float"], "torch", torch_counts),
+                                              (ours, "stoker.torch", list(plan.gpu_workers))):
+            for count in counts:
+                samples = w12.epoch_samples(count, len(paths), batch)
+                figures = w12.epoch(pipeline, loader_name, root, count, samples, batch)
+                rows.setdefault((pipeline.name, count), []).append(figures)
+                if progress is not None:
+                    progress(f"GPU path rep {rep + 1}/{plan.reps}: {pipeline.name} {loader_name} w={count}: "
+                             f"{figures['epoch_images_per_s']:,.0f} images/s")
+    table_rows = []
+    for (name, count), values in rows.items():
+        row: dict[str, Any] = {"pipeline": name, "workers": count, "reps": len(values),
+                               "loader": "torch" if name == "float" else "stoker.torch"}
+        row.update({key: w12._median([v[key] for v in values]) for key in w12.FIGURES})
+        table_rows.append(row)
+    torch_best = max(r["epoch_images_per_s"] for r in table_rows if r["pipeline"] == "float")
+    for row in table_rows:
+        row["ratio_to_torch_best"] = row["epoch_images_per_s"] / torch_best
+    host = _host_batches(paths, batch, plan.decode_batches + 1)
+    times = decode_times(host, device, plan.decoder)
+    resident = tuple(t.to(device) for t in _resident_batch(host[0], device, plan.decoder))
+    step, step_rate = calibrated_step(
+        device, plan.target, resident, plan.head_width, plan.reps, plan.step_warm, plan.step_measured
+    )
+    feeds = []
+    for count in plan.gpu_workers:
+        rates = [gpu_feed(step, root, count, batch, plan.warm, plan.measured, plan.decoder) for _ in range(plan.reps)]
+        feeds.append({"workers": count, "images_per_s": rates, "median": statistics.median(rates),
+                      "feed_ratio": statistics.median(rates) / step_rate})
+    from stoker._vision.device_decode import _DecodeJpegs
+
+    backend = _DecodeJpegs(device, plan.decoder, lambda crops: crops)._backend(device)[0]
+    return {
+        "files": len(paths), "batch": batch, "decoder": backend, "transforms": w12.transforms_name(),
+        "rows": table_rows, "torch_best_images_per_s": torch_best, "decode": times,
+        "step": {"target_images_per_s": plan.target, "head_repeats": step.repeats, "images_per_s": step_rate},
+        "feeds": feeds, "plan": asdict(plan),
+    }
+
+
+def _resident_batch(host: Any, device: Any, decoder: str) -> tuple[Any, Any]:
+    """A decoded batch and its labels, for the step's calibration."""
+    import torch
+
+    from stoker.vision import decode_jpegs
+
+    w12 = _w12()
+    images = decode_jpegs(w12.MEAN, w12.STD, device=device, decoder=decoder)(host)
+    return images, torch.arange(len(host)) % CLASSES
+
+
+def gpu_path_table(report: dict[str, Any]) -> str:
+    """The "W12 on the GPU path" part as text."""
+    decode, step = report["decode"], report["step"]
+    lines = [
+        f"W12 on the GPU path: ImageFolder of {report['files']} real JPEGs, batch {report['batch']}, decoder "
+        f"{report['decoder']}; torch's rows: W12 'float' ({report['transforms']})",
+        f"{'pipeline':<9}{'loader':<14}{'workers':>8}{'reps':>5}{'epoch/s':>10}{'middle/s':>10}{'1st s':>7}"
+        f"{'x torch best':>14}{'main ms':>9}",
+    ]
+    for row in sorted(report["rows"], key=lambda r: (r["pipeline"] != "float", r["workers"])):
+        middle = "-" if row["middle_images_per_s"] is None else f"{row['middle_images_per_s']:,.0f}"
+        lines.append(
+            f"{row['pipeline']:<9}{row['loader']:<14}{row['workers']:>8}{row['reps']:>5}"
+            f"{row['epoch_images_per_s']:>10,.0f}{middle:>10}{row['first_batch_s']:>7.2f}"
+            f"{row['ratio_to_torch_best']:>13.2f}x{row['main_cpu_ms_per_image']:>9.2f}"
+        )
+    lines.append(
+        f"decode_jpegs on ready host batches: {decode['device_ms_per_image']:.3f} ms of GPU time per image (CUDA "
+        f"events), {decode['wall_ms_per_image']:.3f} ms wall per image ({decode['images_per_s']:,.0f} images/s)"
+    )
+    lines.append(
+        f"fixed step calibrated to {step['target_images_per_s']:,.0f} images/s: {step['head_repeats']} head "
+        f"repeats, {step['images_per_s']:,.0f} images/s on a resident batch"
+    )
+    for feed_row in report["feeds"]:
+        lines.append(
+            f"  fed by the GPU path at {feed_row['workers']} workers: {feed_row['median']:,.0f} images/s, "
+            f"feed ratio {feed_row['feed_ratio']:.2f}"
+        )
+    return "\n".join(lines)
+
+
 def save_json(report: dict[str, Any], path: str) -> None:
     """Write `report` to `path`, making its folder."""
     folder = os.path.dirname(path)
@@ -428,6 +714,10 @@ def main(workers: list[int] | None, reps: int, quick: bool, json_path: str) -> i
 
     report = run(plan, progress)
     print(table(report))
+    gpu_plan = GpuPathPlan.quick_plan() if quick else GpuPathPlan(reps=reps)
+    report["gpu_path"] = gpu_path(gpu_plan, progress)
+    print()
+    print(gpu_path_table(report["gpu_path"]))
     save_json(report, json_path)
     print(f"\nwrote {json_path}")
     return 0
