@@ -138,6 +138,8 @@ def test_arguments_are_checked() -> None:
         DecodeOnDevice("big")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="source"):
         DecodeOnDevice(224)(42)
+    with pytest.raises(TypeError, match="give it as ImageFolder's loader="):
+        DecodeOnDevice(224)(Image.new("RGB", (8, 8)))
     with pytest.raises(ValueError, match="decoder should be one of"):
         decode_jpegs(decoder="opencv")
     with pytest.raises(ValueError, match="both be given"):

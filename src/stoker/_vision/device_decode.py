@@ -205,7 +205,13 @@ class DecodeOnDevice:
                 file and, inside a loader's fetch, the sample's index.
         """
         if not isinstance(source, (bytes, bytearray, memoryview, str, os.PathLike)) and not hasattr(source, "read"):
-            raise TypeError(f"source should be a path, bytes or a binary file object, got {type(source).__name__}")
+            hint = ""
+            if type(source).__module__.startswith("PIL."):
+                hint = (" (an image already decoded: DecodeOnDevice reads the file's bytes, so give it as "
+                        "ImageFolder's loader=, not as its transform=)")
+            raise TypeError(
+                f"source should be a path, bytes or a binary file object, but got {type(source).__name__}{hint}"
+            )
         index = _sample_index()
         try:
             data = _read(source) if isinstance(source, (bytes, bytearray, memoryview, str, os.PathLike)) else None
@@ -620,15 +626,16 @@ def decode_jpegs(
             (the one `to_device` makes current) where CUDA is available, else the CPU.
             Defaults to None.
         decoder: 'auto' (nvJPEG through torchvision, else nvImageCodec, else the CPU, with a
-            warning, on CUDA; the CPU on the CPU), 'cpu', 'nvjpeg' or 'nvimgcodec'.
-            Defaults to 'auto'.
+            warning, on CUDA), 'cpu', 'nvjpeg' or 'nvimgcodec'; on a CPU device every
+            choice decodes on the CPU. Defaults to 'auto'.
 
     Returns:
         The transform, a function of one batch, for `to_device(..., transform=...)`.
 
     Raises:
         ValueError: when only one of `mean` and `std` is given, they differ in length, `std`
-            holds a zero, `scale` is not positive, or `decoder` is not one of DECODERS;
+            holds a zero, `scale` is not positive, or `decoder` is not one of 'auto',
+            'cpu', 'nvjpeg' and 'nvimgcodec';
             the transform raises `DecodeError` for a JPEG it cannot decode, naming the file,
             the sample's index and its place in the batch, and RuntimeError when the decoder
             named cannot be imported.
