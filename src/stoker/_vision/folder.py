@@ -36,6 +36,11 @@ def pil_loader(path: str) -> Any:
         return image.convert("RGB")
 
 
+def _path(path: str) -> str:
+    """The loader for a transform that decodes the file itself: the path, unread."""
+    return path
+
+
 def find_classes(root: str) -> tuple[list[str], dict[str, int]]:
     """The class folders under `root`, sorted, and their indices (torchvision's rule).
 
@@ -55,21 +60,23 @@ def find_classes(root: str) -> tuple[list[str], dict[str, int]]:
 
 
 class ImageFolder(Dataset[tuple[Any, int]]):
-    """Images in `root/<class>/**/<file>`: sample i is `(loader(path), class index)`, with
-    class indices, `classes`, `class_to_idx`, `samples`, `targets` and `imgs` as torchvision's
-    `ImageFolder` gives them (classes sorted; files sorted within each class, subfolders
-    walked). `loader` defaults to a PIL RGB image; `stoker.vision.DecodeCrop(224)` makes it
-    the fused decode-and-crop. `extensions` or `is_valid_file` (not both) choose the files.
-    Paths are kept in a `SharedList`, not a list of Python strings, so workers do not copy
-    them page by page as they are read.
+    """Images in `root/<class>/**/<file>`: sample i is `(transform(loader(path)), class
+    index)`, with class indices, `classes`, `class_to_idx`, `samples`, `targets` and `imgs` as
+    torchvision's `ImageFolder` gives them (classes sorted; files sorted within each class,
+    subfolders walked). `loader` defaults to a PIL RGB image, except when `transform` is a
+    `stoker.vision.DecodeCrop`: then the file's path goes to the transform undecoded, so
+    `ImageFolder(root, transform=DecodeCrop(224))` decodes only what the crop needs (as
+    `loader=DecodeCrop(224)` does). `extensions` or `is_valid_file` (not both) choose the
+    files. Paths are kept in a `SharedList`, not a list of Python strings, so workers do not
+    copy them page by page as they are read.
 
     Args:
         root: The dataset's folder: `root/<class>/.../<file>`.
-        transform: Called on each loaded image; its result is the sample.
-            Defaults to None.
+        transform: Called on each loaded image; its result is the sample. A `DecodeCrop`
+            with no `loader` is given the file's path. Defaults to None.
         target_transform: Called on each class index. Defaults to None.
-        loader: Turns a path into an image; None means `pil_loader` (a PIL RGB image).
-            Defaults to None.
+        loader: Turns a path into an image; None means `pil_loader` (a PIL RGB image), or
+            the path itself when `transform` is a `DecodeCrop`. Defaults to None.
         is_valid_file: Says whether a path is an image to take; None takes the files
             whose extension is in `extensions`. Defaults to None.
         extensions: The file extensions to take (case-insensitive); None means
@@ -114,7 +121,11 @@ class ImageFolder(Dataset[tuple[Any, int]]):
             raise FileNotFoundError(f"ImageFolder found no valid image file under {root!r}")
         self._paths = SharedList(paths)
         self._targets = np.asarray(targets, dtype=np.int64)
-        self.loader = loader if loader is not None else pil_loader
+        if loader is None:
+            from .crop import DecodeCrop
+
+            loader = _path if isinstance(transform, DecodeCrop) else pil_loader
+        self.loader = loader
         self.transform = transform
         self.target_transform = target_transform
 
