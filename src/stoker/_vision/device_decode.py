@@ -55,13 +55,11 @@ from .crop import (
     _describe,
     _fused_turbo,
     _jpeg,
-    _Legacy,
     _may_be_rotated,
     _open,
     _oriented,
     _read,
     _simplejpeg,
-    crop_box,
     decode_crop,
 )
 
@@ -229,13 +227,8 @@ class DecodeOnDevice:
         return JpegCrop(np.frombuffer(data, np.uint8), box, flip, self.size, _describe(source), index)
 
     def _draw(self, height: int, width: int) -> tuple[tuple[int, int, int, int], bool]:
-        """The box and the flip, drawn as `DecodeCrop` draws them."""
-        rng = self._crop._rng()
-        if isinstance(rng, np.random.Generator):
-            box = crop_box(height, width, rng, self.scale, self.ratio)
-            return box, bool(rng.random() < self.flip)
-        box = crop_box(height, width, _Legacy(rng), self.scale, self.ratio)
-        return box, bool(rng.random_sample() < self.flip)
+        """The box and the flip, drawn by `DecodeCrop`'s own draw (one law, one place)."""
+        return self._crop._draw(height, width)
 
     def __repr__(self) -> str:
         return f"DecodeOnDevice(size={self.size}, scale={self.scale}, ratio={self.ratio}, flip={self.flip})"
