@@ -197,7 +197,7 @@ def test_a_worker_without_a_free_slot_makes_one_up_front_from_the_last_size(link
     roundtrip, arena, made = link
     samples = [{"x": np.full(1000, 7.0)}] * 16
     held = [roundtrip(samples, collate=default_collate) for _ in range(3)]
-    assert made.orders[0].size_hint == 0  # nothing seen yet: made after collation, then copied
+    assert made.orders[0].size_hint == 0  # nothing seen yet: made at the batch's first array
     assert all(o.use is None and o.size_hint >= 16 * 1000 * 8 for o in made.orders[1:])
     assert all((h["x"] == 7.0).all() for h in held)
     assert len(arena.slots.maps) == 3
@@ -212,3 +212,46 @@ def test_slots_of_tasks_that_never_answered_are_free_after_close():
     assert given is not None and made.arena.order(0, {given}).use is None
     made.close()
     assert made.arena.order(0, {given}).use == given
+
+
+def test_the_first_batch_is_collated_straight_into_a_slot_made_for_it(link):
+    """No size is known before the first batch: the slot is made at the batch's first array,
+    so the batch is written once, where it crosses, not collated aside and copied."""
+    roundtrip, arena, made = link
+    seen = []
+
+    def collate(samples):
+        out = default_collate(samples)
+        writer = made.writer
+        seen.append(writer.current is not None and writer.current.holds(out["x"]) is not None)
+        return out
+
+    out = roundtrip([{"x": np.full(1000, 5.0), "y": 1}] * 16, collate=collate)
+    assert made.orders[0].use is None and made.orders[0].size_hint == 0
+    assert seen == [True]
+    assert (out["x"] == 5.0).all() and out["x"].shape == (16, 1000) and list(out["y"]) == [1] * 16
+    assert len(arena.slots.maps) == 1
+
+
+def test_a_slot_given_with_a_task_is_mapped_when_the_task_is_served():
+    """A worker reads its next tasks ahead: the slots that come with them are mapped (their
+    page tables filled) only when each task is served, so the task at hand waits for none."""
+    made = Link()
+    batch = made.roundtrip({"x": np.full((64, 64), 1.0)})
+    slot_ids = set(made.arena.slots.maps)
+    del batch
+    gc.collect()
+    arena = made.arena
+    made.close()
+    second = Link(arena)
+    second.link.send_request(0, second.tasks_main, Task(0, [0]))
+    task = second.writer.recv_request(second.tasks_worker)
+    assert task.slot.attach and task.slot.use in slot_ids
+    assert task.slot.use not in second.writer.slots and task.slot.use in second.writer.pending
+    with second.writer.around_fetch(task):
+        assert task.slot.use in second.writer.slots and not second.writer.pending
+        out = default_collate([{"x": np.full(64, 2.0)}] * 64)
+    second.writer.send_reply(second.results_worker, Done(0, out))
+    got = second.link.recv_reply(0, second.results_main).payload
+    assert (got["x"] == 2.0).all()
+    second.close()

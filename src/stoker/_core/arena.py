@@ -25,16 +25,20 @@ many workers it has. The `Arena` belongs to the DataLoader and outlives its iter
 workers made are handed to the next epoch's workers (non-persistent workers are new
 processes each epoch), so in steady state no batch costs a slot's creation, its zeroing,
 its page faults or its unmapping, whatever its size. Each process maps a slot once and
-keeps it mapped; a worker maps a slot it is given with MAP_POPULATE, so it writes into
-memory whose page tables are already filled.
+keeps it mapped; a worker maps a slot it is given with MAP_POPULATE when it serves the task
+the slot came with (not when the task arrives: a worker reads its next tasks ahead, and
+their slots must not delay the task at hand), so it writes into memory whose page tables are
+already filled.
 
 Slots are anonymous memory (`memfd_create`), reserved up front with `posix_fallocate`
 so a full machine gives an error, never a SIGBUS. Nothing has a name, so nothing survives
 a crash. The main process keeps one descriptor per slot (up to `fd_budget()`, so that a
 low `ulimit -n` is respected; a slot beyond it serves only the processes that already
 map it) to hand the slot to later workers. A worker sizes a new slot from the batch it
-must hold (+25 %), or up front from the size hint; a batch that outgrows its slot moves
-to a bigger one and the small slot is retired. Leaves that are not arrays travel in the
+must hold (+25 %): up front from the size hint, or, before any batch has told the size
+(the loader's first tasks), at the batch's first array, so that the batch is collated
+straight into it; a batch that outgrows its slot moves to a bigger one and the small slot
+is retired. Leaves that are not arrays travel in the
 pickle; when no slot can be had (the arena is at its byte limit or the system is out of
 memory) the arrays travel as pickle protocol 5 out-of-band buffers instead, with a
 warning, once.
@@ -284,6 +288,7 @@ class SlotWriter:
 
     def __init__(self) -> None:
         self.slots: dict[int, _Slot] = {}
+        self.pending: dict[int, tuple[int, int]] = {}  # slot id -> (fd, size) received, not mapped yet
         self.current: _Slot | None = None
         self._order: SlotOrder | None = None
         self._made: tuple[_Slot, int] | None = None  # made up front for the current task, with its fd
@@ -296,17 +301,32 @@ class SlotWriter:
         task_id, index, epoch, batch, fields = message
         order = SlotOrder(*fields)
         for slot_id in order.drop:
+            self._close_pending(slot_id)
             dropped = self.slots.get(slot_id)
             if dropped is not None:
                 self._retire(dropped)
         if order.attach:
             assert order.use is not None, "a slot to attach is a slot to use"
             (fd,) = _recv_fds(conn, 1)
+            # mapped (and its page tables filled) when its task is served, not now: a worker
+            # reads its next tasks ahead, and their slots must not delay the task at hand
+            self._close_pending(order.use)
+            self.pending[order.use] = (fd, order.size)
+        return Task(task_id, index, epoch, batch, order)
+
+    def _close_pending(self, slot_id: int) -> None:
+        waiting = self.pending.pop(slot_id, None)
+        if waiting is not None:
+            os.close(waiting[0])
+
+    def _map_pending(self, slot_id: int) -> None:
+        waiting = self.pending.pop(slot_id, None)
+        if waiting is not None:
+            fd, size = waiting
             try:
-                self.slots[order.use] = _Slot(order.use, map_fd(fd, order.size, populate=True), order.size)
+                self.slots[slot_id] = _Slot(slot_id, map_fd(fd, size, populate=True), size)
             finally:
                 os.close(fd)
-        return Task(task_id, index, epoch, batch, order)
 
     @contextlib.contextmanager
     def collating_into(self, order: SlotOrder | None) -> Iterator[None]:
@@ -316,19 +336,32 @@ class SlotWriter:
         self._order = order
         slot = None
         if order is not None:
+            if order.use is not None:
+                self._map_pending(order.use)
             slot = self.slots.get(order.use) if order.use is not None else None
             if slot is None and order.size_hint > 0:
                 self._made = self._make(order.spare_id, order.size_hint, order.budget)
                 slot = self._made[0] if self._made is not None else None
         self.current = slot
-        if slot is None:
+        if slot is None and (order is None or order.use is not None):
             yield
             return
-        slot.used = 0
+        if slot is not None:
+            slot.used = 0
 
         def alloc(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+            nonlocal slot
             dt = np.dtype(dtype)
             nbytes = math.prod(shape) * dt.itemsize  # np.prod costs 10 µs
+            if slot is None:
+                # no slot and no size to make one from (the loader's first batches): made
+                # now for the first array collated, with headroom for the rest, so that the
+                # batch is written once, where it crosses, rather than copied there after
+                assert order is not None
+                self._made = self._make(order.spare_id, int(nbytes * GROWTH), order.budget)
+                if self._made is None:
+                    return np.empty(shape, dt)
+                slot = self.current = self._made[0]
             offset = slot.take(nbytes)
             if offset is None:
                 return np.empty(shape, dt)
