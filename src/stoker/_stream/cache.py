@@ -442,18 +442,8 @@ class ShardCache:
         if self._present(path, size):
             return path
         deadline = time.monotonic() + self.timeout_s
-        fd = _open(os.path.join(self.directory, _LOCKS, _escape(name)), os.O_RDWR | os.O_CREAT)
+        fd = self._download_lock(name, deadline)
         try:
-            _lock(
-                fd,
-                fcntl.LOCK_EX,
-                deadline,
-                lambda: (
-                    f"shard cache {self.directory}: another process has been downloading shard "
-                    f"{name} for longer than timeout_s={self.timeout_s}: raise timeout_s or look "
-                    "for a stuck process"
-                ),
-            )
             if self._present(path, size):
                 return path
             if os.path.lexists(path):  # the store's shard changed size since it was cached
@@ -544,18 +534,8 @@ class ShardCache:
             done = self._lease_present(name, path, size, spare_bytes, deadline)
             if done is not None:
                 return tell(done)
-        fd = _open(os.path.join(self.directory, _LOCKS, _escape(name)), os.O_RDWR | os.O_CREAT)
+        fd = self._download_lock(name, deadline)
         try:
-            _lock(
-                fd,
-                fcntl.LOCK_EX,
-                deadline,
-                lambda: (
-                    f"shard cache {self.directory}: another process has been downloading shard "
-                    f"{name} for longer than timeout_s={self.timeout_s}: raise timeout_s or look "
-                    "for a stuck process"
-                ),
-            )
             done = self._lease_present(name, path, size, spare_bytes, deadline)
             if done is not None:
                 return tell(done)
@@ -696,6 +676,26 @@ class ShardCache:
                 lambda: (
                     f"shard cache {self.directory}: waited longer than timeout_s={self.timeout_s} "
                     f"for its lock, to make room for shard {name}; a process holding it may be stopped"
+                ),
+            )
+        except BaseException:
+            _close(fd)
+            raise
+        return fd
+
+    def _download_lock(self, name: str, deadline: float) -> int:
+        """The shard's download lock, held (exclusive) through the returned descriptor (closing
+        it drops the lock); waits until `deadline` for a process downloading the shard."""
+        fd = _open(os.path.join(self.directory, _LOCKS, _escape(name)), os.O_RDWR | os.O_CREAT)
+        try:
+            _lock(
+                fd,
+                fcntl.LOCK_EX,
+                deadline,
+                lambda: (
+                    f"shard cache {self.directory}: another process has been downloading shard "
+                    f"{name} for longer than timeout_s={self.timeout_s}: raise timeout_s or look "
+                    "for a stuck process"
                 ),
             )
         except BaseException:
