@@ -4,6 +4,9 @@
 decode: the crop box comes from the image's header, the JPEG is decoded at the smallest DCT
 scale that still covers the crop at the output size, and the result is uint8 CHW (normalise
 on the GPU with `stoker.torch.normalize`). Needs Pillow (`pip install stoker[vision]`).
+`ImageFolder(root, transform=DecodeCrop(224))` with `to_device(loader, device,
+transform=normalize(mean, std))` is the drop-in for torchvision's ImageNet training pipeline
+(docs/guide/vision.md: the two lines to change, the laws, the PSNR bound).
 
 `DecodeOnDevice(224)` draws the same crops and leaves the decoding to the GPU: the workers
 ship each JPEG's bytes, box and flip (`collate_jpegs` makes one ragged buffer per batch) and

@@ -609,3 +609,40 @@ def test_normalize_on_the_device_equals_to_tensor_and_normalize(real_jpegs: list
     want = (images.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
     assert moved.dtype == torch.float32 and torch.equal(moved_labels, labels)
     assert torch.allclose(moved, want, atol=1e-5)
+
+
+def test_exif_is_found_by_walking_the_segments_before_the_scan() -> None:
+    plain = jpeg(PHOTOS[0], (64, 48))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    out = io.BytesIO()
+    Image.open(io.BytesIO(plain)).save(out, "JPEG", exif=exif, icc_profile=b"\0" * 300)
+    tagged = out.getvalue()
+    assert not _crop._may_be_rotated(plain)
+    assert _crop._may_be_rotated(tagged)
+    # "Exif" in the pixels' data is not an EXIF segment
+    assert not _crop._may_be_rotated(plain[:-2] + b"Exif\x00\x00" + plain[-2:])
+    # a header that cannot be walked: the search over the first 64 KiB decides
+    assert _crop._may_be_rotated(b"\xff\xd8\x00garbage Exif\x00\x00 more")
+    assert not _crop._may_be_rotated(b"\xff\xd8\x00garbage")
+
+
+def test_a_box_decoded_at_a_reduced_scale_is_sampled_at_its_exact_edges() -> None:
+    """A box whose edges fall between the pixels of a DCT-scaled decode is warped exactly:
+    close to Pillow's resize of the same fractional box, and to torchvision's pixels."""
+    cv2 = pytest.importorskip("cv2")
+    simplejpeg = pytest.importorskip("simplejpeg")
+    data = jpeg(PHOTOS[0], (1024, 768))
+    full = simplejpeg.decode_jpeg(data)
+    for box, reduction in [((3, 5, 701, 937), 2), ((0, 0, 768, 1024), 2), ((101, 77, 470, 500), 2)]:
+        scaled = simplejpeg.decode_jpeg(data, min_height=math.ceil(768 / reduction), min_width=math.ceil(1024 / reduction))
+        warped = _crop._finish_scaled(cv2, scaled, 1024, 768, box, (224, 224), False)
+        pillow = _crop._finish(Image.fromarray(scaled), 1024, 768, box, (224, 224), False)
+        top, left, h, w = box
+        reference = np.asarray(
+            Image.fromarray(full).crop((left, top, left + w, top + h)).resize((224, 224), Image.Resampling.BILINEAR)
+        ).transpose(2, 0, 1)
+        assert psnr(warped, pillow) >= 40.0, box
+        assert psnr(warped, reference) >= DROP_IN_PSNR_DB, box
+        flipped = _crop._finish_scaled(cv2, scaled, 1024, 768, box, (224, 224), True)
+        assert np.array_equal(flipped, warped[:, :, ::-1])

@@ -169,8 +169,18 @@ def _finish_array(
     if blocks > 1:
         out = cv2.resize(out, (out_width, out_height), interpolation=cv2.INTER_AREA)
     if flip:
-        out = out[:, ::-1]
-    return np.ascontiguousarray(out.transpose(2, 0, 1))
+        out = cv2.flip(out, 1)
+    return _planes(cv2, out)
+
+
+def _planes(cv2: Any, pixels: np.ndarray) -> np.ndarray:
+    """HWC pixels as a CHW array: OpenCV's split writes each channel's plane straight into the
+    array, 6x faster than numpy's strided copy of a transpose (0.007 against 0.043 ms)."""
+    out = np.empty((pixels.shape[2], pixels.shape[0], pixels.shape[1]), np.uint8)
+    planes = cv2.split(np.ascontiguousarray(pixels), list(out))
+    if any(plane.ctypes.data != row.ctypes.data for plane, row in zip(planes, out)):
+        return np.stack(planes)  # OpenCV chose to allocate its own planes
+    return out
 
 
 def _jpeg(turbo: Any, source: Any) -> tuple[bytes | None, Any]:
@@ -196,8 +206,8 @@ def _fused_turbo(
     top, left, h, w = box if box is not None else (0, 0, full_height, full_width)
     out_height, out_width = size
     reduction = reduction_for(h, w, out_height, out_width)
-    cv2 = _cv2() if reduction == 1 else None  # a box scaled down has fractional edges: Pillow's
-    partial = _turbojpeg() if cv2 is not None else None
+    cv2 = _cv2()
+    partial = _turbojpeg() if cv2 is not None and reduction == 1 else None
     # a region decode stops at the crop's last row and would not notice a file cut short below
     # it: one without its end-of-image marker is decoded in full, which reports the truncation
     if partial is not None and data.rstrip(b"\x00")[-2:] == _JPEG_END:
@@ -208,9 +218,40 @@ def _fused_turbo(
         data, colorspace="RGB",
         min_height=math.ceil(full_height / reduction), min_width=math.ceil(full_width / reduction),
     )
-    if cv2 is not None:
+    if cv2 is not None and reduction == 1:
         return _finish_array(cv2, pixels, (top, left, h, w), size, flip)
+    if cv2 is not None:
+        return _finish_scaled(cv2, pixels, full_width, full_height, (top, left, h, w), size, flip)
     return _finish(_pil().fromarray(pixels), full_width, full_height, (top, left, h, w), size, flip)
+
+
+def _finish_scaled(
+    cv2: Any, pixels: np.ndarray, full_width: int, full_height: int, box: tuple[int, int, int, int],
+    size: tuple[int, int], flip: bool,
+) -> np.ndarray:
+    """`_finish_array` for pixels decoded at a reduced DCT scale, where the box's edges fall
+    between pixels: an affine warp samples the box exactly (bilinearly, to k times the output,
+    k = ceil(shrink / LINEAR_UP_TO)), then k x k blocks are averaged, as `_finish_array`
+    does. Pillow's resize with a fractional box took 0.95 ms, this 0.43 ms, at a PSNR against
+    torchvision's pixels of 37.7 against 38.3 dB at worst (150 such crops of W9's files)."""
+    top, left, h, w = box
+    sx, sy = pixels.shape[1] / full_width, pixels.shape[0] / full_height
+    box_width, box_height = w * sx, h * sy
+    out_height, out_width = size
+    blocks = math.ceil(max(box_height / out_height, box_width / out_width) / LINEAR_UP_TO)
+    width, height = out_width * blocks, out_height * blocks
+    ax, ay = box_width / width, box_height / height
+    # output pixel j's centre (j + 0.5) lies at left * sx + (j + 0.5) * ax in edge coordinates,
+    # 0.5 less in OpenCV's pixel-centre coordinates
+    warp = np.array([[ax, 0.0, left * sx + 0.5 * ax - 0.5], [0.0, ay, top * sy + 0.5 * ay - 0.5]])
+    out = cv2.warpAffine(
+        pixels, warp, (width, height), flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP, borderMode=cv2.BORDER_REPLICATE
+    )
+    if blocks > 1:
+        out = cv2.resize(out, (out_width, out_height), interpolation=cv2.INTER_AREA)
+    if flip:
+        out = cv2.flip(out, 1)
+    return _planes(cv2, out)
 
 
 def reduction_for(box_height: int, box_width: int, out_height: int, out_width: int) -> int:
@@ -511,8 +552,31 @@ _EXIF = b"Exif\x00\x00"
 
 
 def _may_be_rotated(data: bytes) -> bool:
-    """Whether a JPEG carries EXIF (where an orientation lives); APP1 sits near the start."""
+    """Whether a JPEG carries EXIF (where an orientation lives): an APP1 segment that starts
+    with it, among the segments before the first scan. Walking the segments' headers reads a
+    few dozen bytes, where searching the first 64 KiB read most of a typical file (0.03 ms);
+    a header that cannot be walked falls back to that search."""
+    end, at = len(data), 2
+    while at + 4 <= end:
+        if data[at] != 0xFF:
+            break  # not a marker where one should be: search instead
+        marker = data[at + 1]
+        if marker == 0xFF:  # a fill byte before the marker
+            at += 1
+            continue
+        if marker in _STANDALONE:
+            at += 2
+            continue
+        if marker in (0xDA, 0xD9):  # the first scan, or the end: no EXIF before it
+            return False
+        if marker == 0xE1 and data[at + 4 : at + 10] == _EXIF:
+            return True
+        at += 2 + (data[at + 2] << 8 | data[at + 3])
     return data.find(_EXIF, 0, 65536) >= 0
+
+
+# markers without a length: SOI, TEM, RST0-7
+_STANDALONE = frozenset([0xD8, 0x01, *range(0xD0, 0xD8)])
 
 
 def _oriented(img: Any) -> Any:
