@@ -13,9 +13,10 @@ CHW. Float conversion and normalisation are left to the consumer (the GPU: see
 With `simplejpeg` installed (the `vision` extra; a libjpeg-turbo binding whose wheels bundle
 the library) the JPEG is decoded by it instead of Pillow, with the same pixels (Pillow also
 decodes with libjpeg-turbo) and less overhead; with OpenCV installed (also in the extra) the
-crop of a JPEG decoded at full size is resized by it (`_finish_array`), several times faster
-than Pillow's antialiased bilinear resize (a crop decoded at a reduced scale has fractional
-edges there, which Pillow's resize takes exactly). With a TurboJPEG 3 library as well
+crop is resized by it, several times faster than Pillow's antialiased bilinear resize: a crop
+of a JPEG decoded at full size by `_finish_array`, one decoded at a reduced scale (whose
+edges fall between its pixels) by an exact affine warp, `_finish_scaled`. With a TurboJPEG 3
+library as well
 (`_vision/turbo.py`: libjpeg-turbo 3, or the `turbojpeg` extra) a crop decoded at full size
 is decoded alone: the rows below it are never decoded, the rows above and the columns
 beside it get no inverse DCT. libjpeg-turbo also offers scales of 7/8, 3/4 and 5/8, but
@@ -23,9 +24,9 @@ they decode more slowly than the full size (measured: 0.8-0.9 ms against 0.5 ms 
 500x375 JPEG) and blur more, so only the power-of-two scales are used.
 
 Other formats (PNG, WebP, ...) and JPEGs that are not three-channel (greyscale, CMYK) are
-decoded in full and converted to RGB: the same box, the same result path. The quality bound
-against a full-resolution decode of the same box is stated and tested in
-`tests/unit/test_vision.py`.
+decoded in full and converted to RGB: the same box, the same result path. The quality bounds
+(against a full-resolution decode of the same box, and against torchvision's transform for
+the same box and flip: 35 dB PSNR) are stated and tested in `tests/unit/test_vision.py`.
 """
 
 from __future__ import annotations
