@@ -50,6 +50,7 @@ import resource
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -215,10 +216,12 @@ def epoch(pipeline: Pipeline, loader_name: str, root: str, workers: int, samples
     """One epoch of a fresh loader; its figures (see the module's docstring)."""
     module = importlib.import_module(LOADERS[loader_name])
     options: dict[str, Any] = {"prefetch_factor": PREFETCH} if workers else {}
-    loader = module.DataLoader(
-        pipeline.dataset(root, samples), batch_size=batch, shuffle=True, num_workers=workers,
-        **options, **pipeline.options,
-    )
+    with warnings.catch_warnings():  # more workers than cores is on purpose here
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+        loader = module.DataLoader(
+            pipeline.dataset(root, samples), batch_size=batch, shuffle=True, num_workers=workers,
+            **options, **pipeline.options,
+        )
     gc.collect()
     before = children()
     arrivals: list[float] = []
@@ -228,7 +231,9 @@ def epoch(pipeline: Pipeline, loader_name: str, root: str, workers: int, samples
     workers_seen: dict[int, tuple[int, int, int, int, int]] | None = None
     main_cpu = 0.0
     cpu, started = _cpu_self(), time.perf_counter()
-    iterator = iter(pipeline.wrap(loader) if pipeline.wrap is not None else loader)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+        iterator = iter(pipeline.wrap(loader) if pipeline.wrap is not None else loader)
     for batch_data in iterator:
         arrivals.append(time.perf_counter())
         sizes.append(len(batch_data[1]))
@@ -295,8 +300,11 @@ def warm(paths: list[str]) -> None:
             file.read()
 
 
-def run(workers: list[int], reps: int, quick: bool, pipelines: list[str] | None = None) -> dict[str, Any]:
-    """Every pipeline with each of its loaders at every worker count; repetitions interleaved."""
+def run(
+    workers: list[int], reps: int, quick: bool, pipelines: list[str] | None = None, progress: bool = False
+) -> dict[str, Any]:
+    """Every pipeline with each of its loaders at every worker count; repetitions interleaved
+    (`pipelines`: names in PIPELINES, default all; `progress`: a line on stderr per epoch)."""
     paths = jpegbench.files(QUICK_FILES if quick else FILES)
     root = os.path.dirname(os.path.dirname(paths[0]))
     batch = QUICK_BATCH if quick else BATCH
@@ -313,6 +321,9 @@ def run(workers: list[int], reps: int, quick: bool, pipelines: list[str] | None 
                 for loader_name in pipeline.loaders:
                     figures = epoch(pipeline, loader_name, root, count, samples[count], batch)
                     measured.setdefault((pipeline.name, loader_name, count), []).append(figures)
+                    if progress:
+                        print(f"W12 {pipeline.name} {loader_name} workers={count} repetition {rep + 1}: "
+                              f"{figures['epoch_images_per_s']:,.0f} images/s", file=sys.stderr, flush=True)
     rows = []
     for (name, loader_name, count), values in measured.items():
         row: dict[str, Any] = {"pipeline": name, "loader": loader_name, "workers": count,
@@ -396,7 +407,7 @@ def main(workers: list[int] | None, reps: int, quick: bool, json_path: str) -> i
         print(f"stoker-bench: W12 skipped: {exc} (pip install stoker[bench,torch])", flush=True)
         return 0
     chosen = list(workers) if workers is not None else list(QUICK_WORKERS if quick else WORKERS)
-    report = run(chosen, 1 if quick else reps, quick)
+    report = run(chosen, 1 if quick else reps, quick, progress=True)
     print(table(report), flush=True)
     folder = os.path.dirname(json_path)
     if folder:
