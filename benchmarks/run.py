@@ -1,4 +1,4 @@
-"""`python benchmarks/run.py [options]`: the benchmark harness (W1-W11 side by side with
+"""`python benchmarks/run.py [options]`: the benchmark harness (W1-W12 side by side with
 torch.utils.data; `--gpu`, the GPU feed benchmark), run from a clone. `--help` lists the
 options; see benchmarks/README.md."""
 
