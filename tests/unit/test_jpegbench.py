@@ -31,3 +31,10 @@ def test_w9_rows_on_a_few_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert fused["mb_per_batch"] - labels == pytest.approx((standard["mb_per_batch"] - labels) / 4)
     text = jpegbench.table(report)
     assert "W9" in text and "fused" in text and "CPU ms/image" in text
+
+
+def test_w9_epochs_give_every_worker_8_batches() -> None:
+    assert [jpegbench.epoch_images(w, False, 2000) for w in (0, 1, 2, 8, 14)] == [1024, 1024, 1024, 4096, 7168]
+    assert jpegbench.epoch_images(14, True, 2000) == 256 and jpegbench.epoch_images(2, True, 24) == 24
+    dataset = jpegbench.Standard(["a.jpg", "b.jpg"], images=5)
+    assert len(dataset) == 5
