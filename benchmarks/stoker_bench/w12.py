@@ -163,6 +163,14 @@ class Pipeline:
     wrap: Callable[[Any], Iterable[Any]] | None = None
 
 
+def drop_in_folder(root: str) -> Any:
+    """stoker.vision's drop-in for the transform, `ImageFolder(root, transform=DecodeCrop(224))`:
+    the workers decode only what each crop needs and send uint8."""
+    from stoker.vision import DecodeCrop, ImageFolder
+
+    return ImageFolder(root, transform=DecodeCrop(SIZE))
+
+
 PIPELINES: dict[str, Pipeline] = {
     "float": Pipeline(
         "float",
@@ -173,6 +181,13 @@ PIPELINES: dict[str, Pipeline] = {
         "uint8",
         "ImageFolder + RandomResizedCrop(224), RandomHorizontalFlip(), PILToTensor(): uint8",
         lambda root, samples: Repeat(imagenet_folder(root, uint8=True), samples),
+    ),
+    "drop-in": Pipeline(
+        "drop-in",
+        "stoker.vision.ImageFolder(root, transform=DecodeCrop(224)): uint8 out of the workers, to be "
+        "normalised on the GPU by to_device(loader, device, transform=normalize(mean, std)) (not in this row)",
+        lambda root, samples: Repeat(drop_in_folder(root), samples),
+        baseline="float",
     ),
 }
 
@@ -207,6 +222,23 @@ def children() -> dict[int, tuple[int, int, int, int, int]] | None:
     return found
 
 
+def track(seen: dict[int, tuple[int, int, int, int, int]], before: Mapping[int, Any], workers: int) -> None:
+    """Updates `seen`, the /proc/<pid>/stat figures of the loader's worker processes (children of
+    this process that are not in `before`), with their figures now: a scan of /proc until
+    `workers` of them are found, then a read of each one's own file (a worker gone keeps its
+    last figures)."""
+    if len(seen) < workers:
+        for pid, stat in (children() or {}).items():
+            if pid not in before:
+                seen[pid] = stat
+        return
+    me = os.getpid()
+    for pid in seen:
+        stat = _stat(pid)
+        if stat is not None and stat[0] == me:
+            seen[pid] = stat
+
+
 def _cpu_self() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -228,7 +260,7 @@ def epoch(pipeline: Pipeline, loader_name: str, root: str, workers: int, samples
     sizes: list[int] = []
     batch_mb = 0.0
     expected = len(loader)
-    workers_seen: dict[int, tuple[int, int, int, int, int]] | None = None
+    workers_seen: dict[int, tuple[int, int, int, int, int]] | None = {} if before is not None else None
     main_cpu = 0.0
     cpu, started = _cpu_self(), time.perf_counter()
     with warnings.catch_warnings():
@@ -240,11 +272,12 @@ def epoch(pipeline: Pipeline, loader_name: str, root: str, workers: int, samples
         if len(sizes) == 1:
             batch_mb = sum(t.numel() * t.element_size() for t in batch_data[:2]) / 1e6
         del batch_data
-        if len(arrivals) == expected:  # every batch made, the workers still alive
+        if workers and workers_seen is not None and before is not None:
+            # at every arrival, so that a worker that ends before the loop's last batch (a `wrap`
+            # that reads ahead) still counts, with its figures as last read
+            track(workers_seen, before, workers)
+        if len(arrivals) == expected:
             main_cpu = _cpu_self() - cpu
-            now = children()
-            if now is not None and before is not None:
-                workers_seen = {pid: stat for pid, stat in now.items() if pid not in before}
     del iterator, loader
     gc.collect()
     images = sum(sizes)
@@ -261,7 +294,7 @@ def epoch(pipeline: Pipeline, loader_name: str, root: str, workers: int, samples
         "worker_processes": None, "worker_user_ms_per_image": None, "worker_sys_ms_per_image": None,
         "worker_faults_per_image": None,
     }
-    if workers_seen is not None and workers:
+    if workers_seen and workers:  # None or {}: no /proc, or no worker process found
         tick = os.sysconf("SC_CLK_TCK")
         row["worker_processes"] = len(workers_seen)
         row["worker_user_ms_per_image"] = 1000 * sum(s[3] for s in workers_seen.values()) / tick / images
