@@ -29,10 +29,11 @@ the rate is bound by the cores):
 - first batch: seconds from `iter()` to the first batch;
 - worker CPU per image (user and sys, ms) and worker page faults per image (minor + major):
   read from `/proc/<pid>/stat` of each process that is a child of the main process and was not
-  one before `iter()` (the loader's workers), when the last batch has arrived and before the
-  iterator ends (the workers are still alive, every batch made); a child process's counters
-  start at its fork, so this is each worker's whole life, its start included (Linux only:
-  elsewhere these are left out);
+  one before `iter()` (the loader's workers), at every batch's arrival, each worker's last
+  reading kept: for a plain loader that is at the last batch, before the iterator ends (the
+  workers still alive, every batch made); a child process's counters start at its fork, so
+  this is each worker's whole life, its start included (Linux only: elsewhere these are left
+  out);
 - main CPU per image: the main process's user + sys (getrusage) over the same span.
 
 Ratios are stoker.torch / torch.utils.data at the same worker count (a pipeline that names a
@@ -171,6 +172,16 @@ def drop_in_folder(root: str) -> Any:
     return ImageFolder(root, transform=DecodeCrop(SIZE))
 
 
+def normalized_on_device(loader: Any) -> Any:
+    """The drop-in's other line, `to_device(loader, device, transform=normalize(mean, std))`: on
+    CUDA where present, else on this CPU, in the main process."""
+    import torch
+
+    from stoker.torch import normalize, to_device
+
+    return to_device(loader, "cuda" if torch.cuda.is_available() else "cpu", transform=normalize(MEAN, STD))
+
+
 PIPELINES: dict[str, Pipeline] = {
     "float": Pipeline(
         "float",
@@ -188,6 +199,14 @@ PIPELINES: dict[str, Pipeline] = {
         "normalised on the GPU by to_device(loader, device, transform=normalize(mean, std)) (not in this row)",
         lambda root, samples: Repeat(drop_in_folder(root), samples),
         baseline="float",
+    ),
+    "drop-norm": Pipeline(
+        "drop-norm",
+        "the drop-in with its other line, to_device(loader, device, transform=normalize(mean, std)): float32, "
+        "normalised on CUDA where present, else on this CPU in the main process",
+        lambda root, samples: Repeat(drop_in_folder(root), samples),
+        baseline="float",
+        wrap=normalized_on_device,
     ),
 }
 
