@@ -253,9 +253,9 @@ def track(seen: dict[int, tuple[int, int, int, int, int]], before: Mapping[int, 
         return
     me = os.getpid()
     for pid in seen:
-        stat = _stat(pid)
-        if stat is not None and stat[0] == me:
-            seen[pid] = stat
+        now = _stat(pid)
+        if now is not None and now[0] == me:
+            seen[pid] = now
 
 
 def _cpu_self() -> float:
