@@ -3,7 +3,8 @@
 `python benchmarks/run.py [options]` runs it from a clone (see benchmarks/README.md); `make
 setup` also installs it, editable, as `stoker-bench`. The modules: `bench` (W1-W8: the
 workloads, timing, results, the table and the chart), `jpegbench` (W9), `startbench` (W10 and
-W11), `raybench` (the Ray rows, with W2), `gpubench` (`--gpu`) and `cli` (the options). It
+W11), `w12` (W12, torchvision's ImageNet pipeline over an ImageFolder), `raybench` (the Ray
+rows, with W2), `gpubench` (`--gpu`) and `cli` (the options). It
 uses stoker's private modules freely: it is measured against stoker's insides, not its API.
 """
 
