@@ -63,7 +63,7 @@ def test_bench_w7_quick_through_torch_loaders(tmp_path, capsys) -> None:
 
 
 def test_bench_rejects_unknown_workloads_and_workers(capsys) -> None:
-    assert main(["--workloads", "W12"]) == 2
+    assert main(["--workloads", "W13"]) == 2
     assert "unknown workloads" in capsys.readouterr().err
     assert main(["--workers", "two"]) == 2
     assert "--workers takes integers" in capsys.readouterr().err
