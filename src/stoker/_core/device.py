@@ -547,7 +547,10 @@ def normalize(
                 torch.tensor(offset, dtype=target, device=tensor.device).view(shape),
             )
         a, b = cached[where]
-        return torch.addcmul(b, tensor.to(target), a)
+        floats = tensor.to(target)
+        if floats is tensor:  # not a new tensor: the batch's own is never written
+            return torch.addcmul(b, floats, a)
+        return torch.addcmul(b, floats, a, out=floats)  # in place: no second batch-sized tensor
 
     def transform(batch: Any) -> Any:
         if key is None:
