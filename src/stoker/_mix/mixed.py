@@ -372,9 +372,10 @@ class MixedDataset(Dataset[Any]):
         """What a loader state saved over this dataset must agree on: everything a position's
         (source, sample) depends on, and each source's own identity (`source.<i>.*`: a stoker
         dataset's description, any other's type, length and Hugging Face fingerprint; see
-        `stoker._data.identity`). Document weights made from token weights are recorded as
-        made, so `tokens=` counts only through them; `window_shards` only when a source is
-        sharded; `field` is the packing's (a `PackedDataset` records it)."""
+        the mixing guide's table of what a state records). Document weights made from token
+        weights are recorded as made, so `tokens=` counts only through them; `window_shards`
+        only when a source is sharded; `field` is the packing's (a `PackedDataset` records
+        it)."""
         shard_ordered = [order is not None for order in self._orders]
         out: dict[str, Any] = {
             "sizes": self.sizes,

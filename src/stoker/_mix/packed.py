@@ -407,7 +407,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
         """What a loader state saved over this dataset must agree on: every argument that
         changes a row (not `tensors`, which changes only the rows' type), the stream's size,
         and the documents' own description, under `mix.` for a `MixedDataset` and `data.`
-        for any other dataset (see `stoker._data.identity`).
+        for any other dataset (see the mixing guide's table of what a state records).
 
         This is the one place a new row-changing argument is recorded: add its key here
         (tests/unit/test_stream_identity.py fails until every argument is accounted for)."""

@@ -127,7 +127,7 @@ class TokenDataset(Dataset[np.ndarray]):
     def stoker_describe(self) -> dict[str, Any]:
         """What a loader state saved over this dataset must agree on: the documents' and
         tokens' counts, the tokens' dtype, and digests of the offsets and the tokens (whole up
-        to 64 MiB each, else a bounded sample: see `stoker._data.identity`), computed once."""
+        to 64 MiB each, else a bounded sample: see the mixing guide's table of what a state records), computed once."""
         if self._digests is None:
             self._digests = (array_digest(self.tokens), array_digest(self.offsets))
         return {

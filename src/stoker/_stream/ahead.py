@@ -244,10 +244,15 @@ class Planner:
     never waits for a lease to end: a worker of another rank, waiting at a barrier with this
     one, cannot deadlock against it. The lookahead stops at half the cap. Leases are pins, held
     by an open file's lock: the kernel drops them with the process. A thread watches the read
-    counts while a lease is held or wanted (between draws, and after the epoch's last draw)."""
+    counts while a lease is held or wanted (between draws, and after the epoch's last draw), and
+    stops when nothing is read or drawn for `STALL_S` (an iterator dropped half-way leaves
+    batches drawn that nobody reads: no thread goes on watching them)."""
 
     WATCH_S = 0.02  # how often the read counts are looked at while a lease is held or wanted
     RETRY_S = 0.25  # how often a skipped lease is tried again when none of ours ended
+    # a watch that sees no sample read and no batch drawn for this long stops (the iterator was
+    # dropped, or the step is long): the next draw starts it again; leases are kept till then
+    STALL_S = 3.0
 
     def __init__(self, dataset: Any, threads: int) -> None:  # a ShardedDataset
         self.dataset = dataset
@@ -262,6 +267,7 @@ class Planner:
         self.jobs: dict[int, Future[bool]] = {}  # shard -> its lease being taken
         self.leased: set[int] = set()  # shards this process pins for the batches
         self.retried = 0.0
+        self.progress = time.monotonic()  # the last draw, or the last read the watch saw
         self.watching = False
         self.closed = False
         # leases are decided one after another in the order needed (their downloads overlap):
@@ -277,6 +283,7 @@ class Planner:
         found = np.searchsorted(dataset.shard_starts, np.asarray(indices, dtype=np.int64), side="right") - 1
         numbers = tuple(dict.fromkeys(found.tolist()))
         with self.lock:
+            self.progress = time.monotonic()
             np.add.at(self.drawn_samples, found, 1)
             self.batches.append(numbers)
             for s in numbers:
@@ -330,8 +337,13 @@ class Planner:
         while True:
             time.sleep(self.WATCH_S)
             with self.lock:
-                wanted, ended = self._settle(retry=time.monotonic() - self.retried >= self.RETRY_S)
-                if self.closed or not (self.leased or self.jobs or wanted):
+                before = int(self.read.sum())
+                now = time.monotonic()
+                wanted, ended = self._settle(retry=now - self.retried >= self.RETRY_S)
+                if int(self.read.sum()) != before:
+                    self.progress = now
+                stalled = now - self.progress >= self.STALL_S
+                if self.closed or stalled or not (self.leased or self.jobs or wanted):
                     self.watching = False  # every batch drawn is read: the next draw starts one
                     stop = True
                 else:
