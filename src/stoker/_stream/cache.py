@@ -920,14 +920,7 @@ class ShardCache:
                 return
         # waiting for the shared lock outside proc.lock: a thread of this process that is
         # evicting the shard holds its exclusive lock and may want proc.lock to count that
-        fd = self._lock_shared(name, path)
-        with proc.lock:
-            held = proc.pins.get(name)
-            if held is None:
-                proc.pins[name] = [fd, 1]
-                return
-            held[1] += 1  # another thread pinned it meanwhile: one descriptor is enough
-        _close(fd)
+        self._hold(name, self._lock_shared(name, path))
 
     def _lock_shared(self, name: str, path: str) -> int:
         missing = (
