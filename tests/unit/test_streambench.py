@@ -82,8 +82,11 @@ def test_the_cache_sweep_counts_one_download_a_shard_with_a_cap_of_two_windows()
     pytest.importorskip("torch")
     from stoker_bench import cachesweep
 
+    # shards of about 19 samples: the batches in flight (2 workers x prefetch 2 x 4 samples)
+    # are fewer than a window's samples, as the guide's promise requires. With shards of 5
+    # samples they span two windows, and a starved worker's batch keeps a third in use.
     report = cachesweep.sweep(
-        shards=6, shard_mb=0.1, window_shards=2, caps=(2.0,), settings=(("file", 1),), epochs=1, batch=4,
+        shards=6, shard_mb=0.4, window_shards=2, caps=(2.0,), settings=(("file", 1),), epochs=1, batch=4,
         sample_ms=0,
     )
     (row,) = report["rows"]
