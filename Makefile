@@ -21,7 +21,7 @@ PYTEST_WORKERS := -n auto --maxprocesses 4 --dist loadfile
 USER_VENV := build/user-venv
 USER_PY := $(USER_VENV)/bin/python
 USER_STAMP := $(USER_VENV)/.installed
-USER_TESTS := tests/user tests/stream/test_relay.py tests/stream/test_elastic.py
+USER_TESTS := tests/user tests/shards/test_relay.py tests/shards/test_elastic.py
 
 .PHONY: test bench lint typecheck pytest user-tier coverage docs docs-strict setup clean
 

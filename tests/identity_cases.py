@@ -1,5 +1,5 @@
 """What both tests of a state's stream description share (tests/unit/test_stream_identity.py,
-tests/stream/test_shard_identity.py): run a loader, save its state part-way, load it into a
+tests/shards/test_shard_identity.py): run a loader, save its state part-way, load it into a
 loader over a changed stream, and check that it is refused naming the differing key exactly
 when the rows differ (nothing applied), and accepted and continued exactly when they are equal."""
 

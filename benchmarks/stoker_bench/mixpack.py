@@ -177,7 +177,7 @@ def stoker_utilisation(
     lengths: np.ndarray, seq_len: int, window: int, method: str, unit: str = "documents"
 ) -> tuple[float, int, float]:
     """stoker's packer over `lengths` with windows of `window` documents or rows (`unit`)."""
-    from stoker._mix.packing import plan_row_windows, plan_windows
+    from stoker._mix.pack_rows import plan_row_windows, plan_windows
 
     plan = plan_row_windows if unit == "rows" else plan_windows
     plans = plan(lengths, window, seq_len, method, "split")  # type: ignore[arg-type]

@@ -13,7 +13,7 @@ for keys under a prefix. Which request gets which fault is decided from the seed
 repeatable whatever the order threads send in. It streams bodies through in chunks (nothing
 is held whole) and keeps connections alive.
 
-Used by tests/stream (the `s3_server`, `s3_url` and `fault_proxy` fixtures) and by the
+Used by tests/shards (the `s3_server`, `s3_url` and `fault_proxy` fixtures) and by the
 streaming benchmark. `python -m stoker_bench.s3server` runs a server until interrupted.
 """
 

@@ -15,8 +15,8 @@ Lightning, accelerate and the Hugging Face Trainer keep it as each rank's share.
                         collate_fn=collate_packed, num_workers=4)
 """
 
-from ._mix.mixed import MixedDataset
-from ._mix.packed import PackedDataset, StreamSampler, collate_packed
+from ._mix.mix_dataset import MixedDataset
+from ._mix.pack_dataset import PackedDataset, StreamSampler, collate_packed
 from ._mix.tokens import DocumentError, TokenDataset
 
 __all__ = [

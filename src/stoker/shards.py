@@ -20,13 +20,13 @@ Remote stores need the `stream` extra (`pip install stoker[stream]`: obstore and
 Parquet shards need `parquet` (pyarrow).
 """
 
-from ._stream.cache import CacheFullError
-from ._stream.dataset import ShardedDataset
-from ._stream.formats import CorruptShardError, decode_auto
-from ._stream.index import build_index
-from ._stream.sampler import ShardedSampler
-from ._stream.store import AccessDeniedError, MissingObjectError, StoreError
-from ._stream.writer import write_shards
+from ._shards.cache import CacheFullError
+from ._shards.dataset import ShardedDataset
+from ._shards.formats import CorruptShardError, decode_auto
+from ._shards.index import build_index
+from ._shards.sampler import ShardedSampler
+from ._shards.store import AccessDeniedError, MissingObjectError, StoreError
+from ._shards.writer import write_shards
 
 __all__ = [
     "AccessDeniedError",

@@ -145,7 +145,7 @@ def forks():
 
 def loaders_threads(names: list[str]) -> list[str]:
     """stoker's threads among `names`, less the relay's: a process whose obstore made a request
-    (an earlier test's) serves its forked children from a thread of its own (`_stream.relay`);
+    (an earlier test's) serves its forked children from a thread of its own (`_shards.relay`);
     it belongs to the process, not to a loader, holds no lock while it waits in accept(), and a
     forked child closes its copy of the socket."""
     return [name for name in names if name.startswith("stoker") and not name.startswith("stoker-relay")]

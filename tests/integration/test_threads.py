@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from conftest import START_METHODS
-from stoker._core.threads import AfterImport, blas_threads, set_blas_threads
+from stoker._core.math_threads import AfterImport, blas_threads, set_blas_threads
 
 CHILD_TIMEOUT_S = 60  # a hang guard: each child takes a few seconds
 THREAD_VARIABLES = (
@@ -163,7 +163,7 @@ def test_blas_threads_read_back_what_was_set() -> None:
 
 
 def test_setters_found_before_a_fork_are_used_until_a_module_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
-    from stoker._core import threads
+    from stoker._core import math_threads as threads
 
     before = blas_threads()
     if not before:
@@ -188,7 +188,7 @@ def test_a_forked_worker_limits_openblas_without_starting_its_pool(monkeypatch: 
     it again, whole (~20 ms of CPU per worker, measured). The worker sets the count alone: one
     thread computes, no pool thread ever starts, and the main process is untouched."""
     np = pytest.importorskip("numpy")
-    from stoker._core import threads
+    from stoker._core import math_threads as threads
 
     before = blas_threads()
     openblas = [path for path in before if "openblas" in os.path.basename(path).lower()]
@@ -234,7 +234,7 @@ import sys
 import numpy as np
 
 import stoker
-from stoker._core.threads import blas_threads
+from stoker._core.math_threads import blas_threads
 
 
 class TorchThreads(stoker.Dataset):
@@ -312,7 +312,7 @@ print(json.dumps({"values": values, "cv2_in_parent": cv2_in_parent, "after": cv2
 NUMPY_SCRIPT = """
 import json, os, sys
 import stoker
-from stoker._core.threads import blas_threads
+from stoker._core.math_threads import blas_threads
 from threads_helper import NumpyReport
 before = blas_threads()
 loader = stoker.DataLoader(NumpyReport(), batch_size=None, num_workers=2, multiprocessing_context=sys.argv[1])

@@ -134,8 +134,8 @@ def test_the_wheel_holds_the_library_and_the_doctor_only(tmp_path: Path) -> None
         names = archive.namelist()
         entry_points = archive.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     modules = {PurePosixPath(name).stem for name in names if name.endswith(".py")}
-    assert {"stoker/__init__.py", "stoker/__main__.py", "stoker/_doctor/__init__.py", "stoker/_doctor/cli.py"} <= set(names)
+    assert {"stoker/__init__.py", "stoker/__main__.py", "stoker/_doctor/__init__.py", "stoker/_cli.py"} <= set(names)
     assert {name.split("/")[0] for name in names} == {"stoker", wheel.name.rsplit("-", 3)[0] + ".dist-info"}
     assert not modules & {"bench", "gpubench", "raybench", "jpegbench", "startbench"}
     assert not [name for name in names if "bench" in name or "_tools" in name]
-    assert "stoker = stoker._doctor.cli:main" in entry_points and "bench" not in entry_points
+    assert "stoker = stoker._cli:main" in entry_points and "bench" not in entry_points

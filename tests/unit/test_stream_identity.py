@@ -146,7 +146,7 @@ MIX_CASES: dict[str, list[tuple[dict[str, Any], dict[str, Any], str | None]]] = 
         # weighed by documents the field is not read: the mix's rows are the same
         (dict(FIELD_BASE, weigh="documents"), dict(FIELD_BASE, weigh="documents", field="other"), None),
     ],
-    # with no sharded source the windows do not exist (a sharded source: tests/stream)
+    # with no sharded source the windows do not exist (a sharded source: tests/shards)
     "window_shards": [(MIX_BASE, dict(MIX_BASE, window_shards=2), None)],
 }
 

@@ -45,7 +45,7 @@ from multiprocessing import connection
 from multiprocessing.context import BaseContext
 from typing import Any, Protocol
 
-from . import threads
+from . import math_threads
 from .arena import Arena, ArenaLink, arena_limit
 from .errors import ExceptionInfo
 from .fetch import EndOfStream
@@ -349,7 +349,7 @@ class ProcessEngine:
         if method == "forkserver":
             prepare_forkserver(self._heavy[0], self._heavy[1])
         elif method == "fork":
-            threads.prepare_fork()
+            math_threads.prepare_fork()
         parent = ParentWatch.for_start_method(method)
         heavy: Any = self._heavy
         if method != "fork":

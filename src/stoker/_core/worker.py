@@ -28,11 +28,11 @@ import numpy as np
 from .._data.torch_collate import defer_tensors
 from .errors import ExceptionInfo, describe_index
 from .fetch import EndOfStream, IterableFetcher, MapFetcher, make_fetcher
+from .math_threads import limit_worker_pools
 from .parent import ParentWatch
 from .protocol import Done, Exhausted, Failed, ReplicaBatch, Reply, Request, Reset, Stop, Task
 from .seeding import seed_batch_globals
 from .stats import array_bytes, clock
-from .threads import limit_worker_pools
 
 T_co = TypeVar("T_co", covariant=True)
 

@@ -1,3 +1,4 @@
-"""Many sources, one stream (issue 34, under construction): weighted mixing and sequence
-packing as functions of their input sequence, so that they resume exactly on any world size.
-Nothing here is public yet."""
+"""The code behind `stoker.mix`: many sources, one stream, addressed by position so that it
+resumes exactly on any world size. `mix_order` and `pack_rows` are the pure cores (the mixed
+order and the packing of documents into rows, functions of their inputs alone);
+`mix_dataset`, `pack_dataset` and `tokens` are the datasets built on them."""

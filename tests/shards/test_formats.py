@@ -11,7 +11,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from stoker._stream.formats import (
+from stoker._shards.formats import (
     CorruptShardError,
     decode_auto,
     encode_auto,
@@ -21,7 +21,7 @@ from stoker._stream.formats import (
     read_tar_sample,
     split_name,
 )
-from stoker._stream.writer import TarShardWriter, write_parquet
+from stoker._shards.writer import TarShardWriter, write_parquet
 
 
 def _shard(n: int = 20) -> tuple[bytes, list[int], list[dict[str, bytes]]]:

@@ -25,8 +25,8 @@ import numpy as np
 from .._data.datasets import Dataset
 from .._data.distributed import RankShareSampler
 from .._data.identity import describe_data, prefixed
-from .mixed import MixedDataset
-from .packing import (
+from .mix_dataset import MixedDataset
+from .pack_rows import (
     LONG,
     METHODS,
     Piece,

@@ -22,7 +22,7 @@ from typing import BinaryIO
 
 import pytest
 
-from stoker._stream.cache import CacheFullError, CorruptShardError, ShardCache, measure_usage
+from stoker._shards.cache import CacheFullError, CorruptShardError, ShardCache, measure_usage
 
 CHILD = str(Path(__file__).with_name("cache_child.py"))
 

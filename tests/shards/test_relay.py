@@ -23,8 +23,8 @@ from typing import Any
 import psutil
 import pytest
 
-from stoker._stream import relay
-from stoker._stream.store import MissingObjectError, Store, StoreError
+from stoker._shards import relay
+from stoker._shards.store import MissingObjectError, Store, StoreError
 from stoker_bench.s3server import S3Server
 
 BLOB = os.urandom(3_000_000)
@@ -130,7 +130,7 @@ def test_a_grandchild_asks_the_owner(s3_server: S3Server, s3_url: str) -> None:
 _OWNER = r"""
 import io, os, signal, sys, time
 sys.modules["s3fs"] = None
-from stoker._stream.store import Store, StoreError
+from stoker._shards.store import Store, StoreError
 url, endpoint, out, mode = sys.argv[1:5]
 options = {"endpoint_url": endpoint} if endpoint else None
 store = Store(url, storage_options=options, timeout_s=30, retries=3, backoff_s=0.01)

@@ -1,5 +1,5 @@
 """One epoch of a ShardedDataset through a stoker DataLoader whose store goes through a
-FaultProxy, run as a child process of tests/stream/test_dataset.py so that a loader that
+FaultProxy, run as a child process of tests/shards/test_dataset.py so that a loader that
 hangs is killed by the parent's hard timeout instead of hanging the test run.
 
 `python dataset_child.py SPEC_JSON` with SPEC holding: upstream (the S3 server's endpoint),

@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
-from stoker._stream.store import AccessDeniedError, MissingObjectError, Store, StoreError
+from stoker._shards.store import AccessDeniedError, MissingObjectError, Store, StoreError
 from stoker_bench.s3server import FaultProxy, S3Server
 
 CLIENTS = ("obstore", "fsspec")

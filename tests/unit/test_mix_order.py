@@ -1,4 +1,4 @@
-"""Exact, deterministic weighted mixing (stoker._mix.mixing)."""
+"""Exact, deterministic weighted mixing (stoker._mix.mix_order)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from stoker._mix.mixing import WeightedMix, integer_weights, prefix_counts
+from stoker._mix.mix_order import WeightedMix, integer_weights, prefix_counts
 
 WEIGHTS = [
     [0.75, 0.25],
@@ -200,7 +200,7 @@ def test_state_round_trip_and_refusal():
 
 
 def test_large_sources_permuted_index_by_index(monkeypatch):
-    import stoker._mix.mixing as mixing
+    import stoker._mix.mix_order as mixing
 
     monkeypatch.setattr(mixing, "MATERIALIZE_MAX", 10)
     sizes = [37, 1000]
@@ -226,7 +226,7 @@ def test_large_sources_permuted_index_by_index(monkeypatch):
 def test_block_gives_the_pairs_of_mixed_at_in_every_mode_and_schedule() -> None:
     import random
 
-    from stoker._mix.mixing import WeightedMix
+    from stoker._mix.mix_order import WeightedMix
 
     rng = random.Random(1)
     for trial in range(60):
@@ -247,8 +247,8 @@ def test_block_gives_the_pairs_of_mixed_at_in_every_mode_and_schedule() -> None:
 def test_block_over_a_long_period_and_a_feistel_source() -> None:
     import numpy as np
 
-    from stoker._mix import mixing
-    from stoker._mix.mixing import WeightedMix, feistel_index, feistel_many
+    from stoker._mix import mix_order as mixing
+    from stoker._mix.mix_order import WeightedMix, feistel_index, feistel_many
 
     keys = [0x1234567 * (i + 1) for i in range(6)]
     assert feistel_many(np.arange(3000), 1_234_567, keys).tolist() == [feistel_index(j, 1_234_567, keys) for j in range(3000)]

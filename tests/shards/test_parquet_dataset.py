@@ -31,7 +31,7 @@ def test_parquet_shards_written_by_write_shards_read_back_in_the_sampler_order(s
 
 
 def test_parquet_written_by_pyarrow_is_indexed_and_read(s3_url: str, s3_server, tmp_path: Path) -> None:
-    from stoker._stream.store import Store
+    from stoker._shards.store import Store
 
     store = Store(s3_url)
     for part in range(3):

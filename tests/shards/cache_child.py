@@ -1,4 +1,4 @@
-"""A process that uses a ShardCache, for tests/stream/test_cache.py: run as
+"""A process that uses a ShardCache, for tests/shards/test_cache.py: run as
 `python cache_child.py '<json job>'`; prints one JSON line with what it saw, and exits 0 when
 everything it read was right.
 
@@ -24,7 +24,7 @@ import time
 import traceback
 from typing import Any, BinaryIO
 
-from stoker._stream.cache import ShardCache
+from stoker._shards.cache import ShardCache
 
 
 def content(name: str, size: int) -> bytes:

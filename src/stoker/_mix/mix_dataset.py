@@ -12,8 +12,8 @@ import numpy as np
 
 from .._data.datasets import Dataset
 from .._data.identity import describe_data, prefixed
-from .._stream.sampler import global_order
-from .mixing import MODES, WeightedMix, _pieces, integer_weights
+from .._shards.sampler import global_order
+from .mix_order import MODES, WeightedMix, _pieces, integer_weights
 from .tokens import _describe, lengths_of
 
 WEIGH = ("documents", "tokens")

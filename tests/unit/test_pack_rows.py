@@ -1,4 +1,4 @@
-"""Sequence packing (`_mix/packing.py`): every token lands exactly once, rows never
+"""Sequence packing (`_mix/pack_rows.py`): every token lands exactly once, rows never
 overflow, only over-long documents are split (or dropped), plans are deterministic,
 best-fit packs at least as tightly as greedy, and `build_row`'s fields agree; windows
 measured in rows make K rows each and carry what does not fit to the next window, oldest
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import stoker
-from stoker._mix.packing import (
+from stoker._mix.pack_rows import (
     build_row,
     pack,
     piece_tokens,

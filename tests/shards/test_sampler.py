@@ -8,7 +8,7 @@ import pytest
 
 from stoker import DataLoader
 from stoker._core.ahead import drawing_ahead
-from stoker._stream.sampler import ShardedSampler, global_order
+from stoker._shards.sampler import ShardedSampler, global_order
 
 
 class Shards:

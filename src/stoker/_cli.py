@@ -8,7 +8,7 @@ import sys
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .. import __version__
+    from . import __version__
 
     parser = argparse.ArgumentParser(prog="stoker", description="stoker: a data loader that keeps an accelerator fed")
     parser.add_argument("--version", action="version", version=f"stoker {__version__}")
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 def _index(args: argparse.Namespace) -> int:
     # One line on stderr for any problem: the arguments' or the prefix's contents (exit 2), the
     # store's or a shard's (exit 1). No traceback.
-    from .._stream.index import INDEX_NAME, build_index
+    from ._shards.index import INDEX_NAME, build_index
 
     try:
         index = build_index(args.url, format=args.format)
@@ -83,11 +83,11 @@ def _doctor(args: argparse.Namespace) -> int:
     import time
 
     started = time.perf_counter()
-    from .plot import plot
-    from .probe import MeasureError
-    from .report import render, save_json
-    from .sweep import run
-    from .target import DoctorError, describe_target, load_target
+    from ._doctor.plot import plot
+    from ._doctor.probe import MeasureError
+    from ._doctor.report import render, save_json
+    from ._doctor.sweep import run
+    from ._doctor.target import DoctorError, describe_target, load_target
 
     if args.seconds <= 0 or args.batch_size < 1 or (args.step_ms is not None and args.step_ms <= 0):
         print("stoker doctor: --seconds, --batch-size and --step-ms take positive numbers", file=sys.stderr)

@@ -12,9 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-from stoker._doctor.cli import main
-from stoker._stream.formats import CorruptShardError, read_parquet_row, read_tar_sample
-from stoker._stream.index import (
+from stoker._cli import main
+from stoker._shards.formats import CorruptShardError, read_parquet_row, read_tar_sample
+from stoker._shards.index import (
     INDEX_NAME,
     Index,
     MalformedIndexError,
@@ -22,7 +22,7 @@ from stoker._stream.index import (
     ShardInfo,
     build_index,
 )
-from stoker._stream.store import Store
+from stoker._shards.store import Store
 
 
 def _webdataset_shards(folder, counts=(7, 1, 12)) -> list[dict]:
@@ -49,7 +49,7 @@ def _webdataset_shards(folder, counts=(7, 1, 12)) -> list[dict]:
 def _check_tar_samples(url: str, index: Index, samples: list[dict]) -> None:
     import webdataset as wds
 
-    from stoker._stream.formats import decode_auto
+    from stoker._shards.formats import decode_auto
 
     store = Store(url)
     assert len(index) == len(samples)

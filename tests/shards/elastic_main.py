@@ -1,4 +1,4 @@
-"""The streaming resume scenario of tests/stream/test_elastic.py, run inside a loopback-only
+"""The streaming resume scenario of tests/shards/test_elastic.py, run inside a loopback-only
 network namespace (torch's TCPStore listens on every interface).
 
 `python elastic_main.py OUT` starts the S3 server (moto, on loopback), writes N samples as
@@ -94,7 +94,7 @@ def world(mode: str, ranks: int, out: Path, env: dict[str, str]) -> list[int]:
 def folder_bytes(folder: Path) -> int:
     """What the cache folders under `folder` hold, each counted under its cache's lock (a
     plain walk can count a shard twice while it is renamed from downloads into place)."""
-    from stoker._stream.cache import measure_usage
+    from stoker._shards.cache import measure_usage
 
     if not folder.is_dir():
         return 0

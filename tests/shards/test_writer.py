@@ -9,10 +9,10 @@ import os
 import numpy as np
 import pytest
 
-from stoker._stream.formats import decode_auto, read_parquet_row, read_tar_sample
-from stoker._stream.index import INDEX_NAME, Index, MissingIndexError, build_index
-from stoker._stream.store import Store
-from stoker._stream.writer import write_shards
+from stoker._shards.formats import decode_auto, read_parquet_row, read_tar_sample
+from stoker._shards.index import INDEX_NAME, Index, MissingIndexError, build_index
+from stoker._shards.store import Store
+from stoker._shards.writer import write_shards
 
 
 def _sample(i: int) -> dict:
