@@ -22,7 +22,7 @@ a read task gets everything it needs (dataset, batches, seeds) as arguments.
 stoker's own workers: (base seed, epoch, sample index), the base seed being the one a
 `stoker.DataLoader(..., generator=seed)` draws first (see `base_seed_of`).
 
-The package, one concern per module (imports point down this list): `plan` (which batches a
+The package, one concern per module (imports point down this list): `epoch` (which batches a
 rank reads, how read tasks share them), `errors`, `blocks` (samples and batches as Arrow rows
 and back), `read` (the read tasks, the datasource, `to_ray_dataset`), `loader` (`DataLoader`)
 and `split` (`streaming_split`). This module is the public face: the names below, each
@@ -36,18 +36,18 @@ from .blocks import IN_BAND_BYTES as IN_BAND_BYTES
 from .blocks import _batch_block as _batch_block
 from .blocks import _BatchRows as _BatchRows
 from .blocks import decode
+from .epoch import SAMPLES_PER_FETCH as SAMPLES_PER_FETCH
+from .epoch import UNITS_PER_TASK as UNITS_PER_TASK
+from .epoch import _batch_tasks as _batch_tasks
+from .epoch import _sample_tasks as _sample_tasks
+from .epoch import base_seed_of, read_task_count
+from .epoch import contiguous_slices as contiguous_slices
+from .epoch import rank_batches as rank_batches
 from .errors import ReadError, ShippingError
 from .loader import ELASTIC_KEYS as ELASTIC_KEYS
 from .loader import STATE_VERSION as STATE_VERSION
 from .loader import DataLoader
 from .loader import config_differences as config_differences
-from .plan import SAMPLES_PER_FETCH as SAMPLES_PER_FETCH
-from .plan import UNITS_PER_TASK as UNITS_PER_TASK
-from .plan import _batch_tasks as _batch_tasks
-from .plan import _sample_tasks as _sample_tasks
-from .plan import base_seed_of, read_task_count
-from .plan import contiguous_slices as contiguous_slices
-from .plan import rank_batches as rank_batches
 from .read import to_ray_dataset
 from .split import StreamingSplit, streaming_split
 

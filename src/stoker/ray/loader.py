@@ -11,8 +11,8 @@ from .._data.collate import default_collate
 from .._data.distributed import DEFAULT_SEED, DistributedSampler
 from .._data.samplers import BatchSampler
 from .blocks import _BatchRows
+from .epoch import _batch_tasks, _sampler, _Units, base_seed_of, read_task_count
 from .errors import _describe_type, _explained
-from .plan import _batch_tasks, _sampler, _Units, base_seed_of, read_task_count
 from .read import _cluster_cpus, _put_dataset, _ray_dataset
 
 if TYPE_CHECKING:
@@ -217,7 +217,7 @@ class DataLoader:
             self._ref = _put_dataset(self.dataset)
         units = list(enumerate(batches))[start:]
         tasks = _batch_tasks(units, read_task_count(len(units), _cluster_cpus(), self.read_tasks))
-        plan = _Units(
+        work = _Units(
             self._ref,
             _describe_type(self.dataset),
             tasks,
@@ -227,7 +227,7 @@ class DataLoader:
             False,
             self.rank,
         )
-        yield from self._deliver(_ray_dataset(plan, self.in_order), start)
+        yield from self._deliver(_ray_dataset(work, self.in_order), start)
 
     def _deliver(self, dataset: ray.data.Dataset, start: int) -> Iterator[Any]:
         expected = start

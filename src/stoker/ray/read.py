@@ -1,6 +1,6 @@
 """stoker.ray's read tasks: the dataset shipped once to the object store (`_put_dataset`), a
 read task fetching and collating its run of batches under stoker's per-sample seeding
-(`_read`), the Ray Data datasource over a plan (`_ray_dataset`), and `to_ray_dataset`."""
+(`_read`), the Ray Data datasource over an epoch's read units (`_ray_dataset`), and `to_ray_dataset`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .._core.fetch import fetches_batches
 from .._core.seeding import BATCH, SAMPLE, FetchScope, batch_key, enter, leave
 from .blocks import _batch_block, _block
+from .epoch import SAMPLES_PER_FETCH, _sample_tasks, _Units, base_seed_of, read_task_count
 from .errors import (
     _RUNTIME_ENV_HINT,
     ShippingError,
@@ -21,7 +22,6 @@ from .errors import (
     _innermost,
     _TaskFailure,
 )
-from .plan import SAMPLES_PER_FETCH, _sample_tasks, _Units, base_seed_of, read_task_count
 
 if TYPE_CHECKING:
     import ray.data
@@ -114,8 +114,8 @@ def _read(
             yield _batch_block(position, made)
 
 
-def _make_source(plan: _Units) -> Any:
-    """A ray.data.Datasource whose read tasks each take a contiguous run of the plan's units."""
+def _make_source(work: _Units) -> Any:
+    """A ray.data.Datasource whose read tasks each take a contiguous run of the epoch's units."""
     import functools
 
     from ray.data import Datasource, ReadTask
@@ -130,22 +130,22 @@ def _make_source(plan: _Units) -> Any:
 
         def get_read_tasks(self, parallelism: int, *args: Any, **kwargs: Any) -> list[Any]:
             tasks = []
-            for units in plan.tasks:
+            for units in work.tasks:
                 # a batch's rows: its structure and its buffers, known once it is made
-                rows = sum(len(i) for _, i in units) if plan.per_sample else None
+                rows = sum(len(i) for _, i in units) if work.per_sample else None
                 metadata = BlockMetadata(
                     num_rows=rows, size_bytes=None, input_files=None, exec_stats=None
                 )
                 read = functools.partial(
                     _read,
-                    plan.ref,
-                    plan.described,
+                    work.ref,
+                    work.described,
                     units,
-                    plan.base_seed,
-                    plan.epoch,
-                    plan.collate_fn,
-                    plan.per_sample,
-                    plan.rank,
+                    work.base_seed,
+                    work.epoch,
+                    work.collate_fn,
+                    work.per_sample,
+                    work.rank,
                 )
                 tasks.append(ReadTask(read, metadata))
             return tasks
@@ -153,13 +153,13 @@ def _make_source(plan: _Units) -> Any:
     return _Source()
 
 
-def _ray_dataset(plan: _Units, in_order: bool = True) -> ray.data.Dataset:
+def _ray_dataset(work: _Units, in_order: bool = True) -> ray.data.Dataset:
     import ray.data
 
-    dataset = ray.data.read_datasource(_make_source(plan), override_num_blocks=len(plan.tasks))
+    dataset = ray.data.read_datasource(_make_source(work), override_num_blocks=len(work.tasks))
     context = dataset.context
     context.execution_options.preserve_order = in_order
-    if not plan.per_sample:
+    if not work.per_sample:
         # Every table a read task yields (one batch) leaves the task as a block of its own,
         # as soon as it is made. Ray's default (blocks up to 128 MB) merged the batches of a
         # task into one block: the driver waited for whole tasks, one Ray worker did all the
@@ -237,5 +237,5 @@ def to_ray_dataset(
     else:  # as asked, up to one task per sample
         count = read_task_count(len(chosen), 1, read_tasks)
     tasks = _sample_tasks(chosen, count)
-    plan = _Units(ref, _describe_type(dataset), tasks, base_seed_of(seed), epoch, None, True)
-    return _ray_dataset(plan)
+    work = _Units(ref, _describe_type(dataset), tasks, base_seed_of(seed), epoch, None, True)
+    return _ray_dataset(work)

@@ -8,9 +8,9 @@ from typing import Any
 
 from .._data.collate import default_collate
 from .blocks import _BatchRows
+from .epoch import _batch_tasks, _Units, base_seed_of, rank_batches, read_task_count
 from .errors import _describe_type, _explained
 from .loader import _check_int
-from .plan import _batch_tasks, _Units, base_seed_of, rank_batches, read_task_count
 from .read import _cluster_cpus, _put_dataset, _ray_dataset
 
 
@@ -119,6 +119,6 @@ def streaming_split(
     units = list(enumerate(batches))
     tasks = _batch_tasks(units, read_task_count(len(units), _cluster_cpus(), read_tasks))
     collate = default_collate if collate_fn is None else collate_fn
-    plan = _Units(ref, _describe_type(dataset), tasks, base_seed_of(seed), epoch, collate, False)
-    splits = _ray_dataset(plan).streaming_split(n, equal=False)
+    work = _Units(ref, _describe_type(dataset), tasks, base_seed_of(seed), epoch, collate, False)
+    splits = _ray_dataset(work).streaming_split(n, equal=False)
     return [StreamingSplit(s, ref) for s in splits]

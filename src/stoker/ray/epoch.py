@@ -1,4 +1,4 @@
-"""stoker.ray's plan of an epoch, pure and without Ray: the batches a rank reads
+"""stoker.ray's division of an epoch, pure and without Ray: the batches a rank reads
 (`rank_batches`: DistributedSampler + BatchSampler), how many read tasks share them
 (`read_task_count`) and how they are cut into contiguous runs (`_Units`)."""
 
