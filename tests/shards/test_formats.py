@@ -187,7 +187,7 @@ def test_encode_and_decode_invert_each_other() -> None:
     }
     encoded = {f: v if f == "__key__" else encode_auto(v, f) for f, v in sample.items()}
     assert all(isinstance(v, bytes) for f, v in encoded.items() if f != "__key__")
-    back = decode_auto(encoded)
+    back = decode_auto(encoded, allow_pickle=True)
     assert back["cls"] == 7 and back["id"] == 3 and back["txt"] == "héllo" and back["json"] == {"a": [1, 2]}
     np.testing.assert_array_equal(back["npy"], sample["npy"])
     assert back["npy"].dtype == np.float32

@@ -66,9 +66,9 @@ class ShardedDataset(Dataset[Any]):
             dataset's size or half the free space of `cache_dir`'s disk, whichever is
             smaller. Defaults to None.
         decode: "auto" decodes the fields whose extension says how (`cls`, `txt`, `json`,
-            `npy`, `pyd`; images stay bytes); None leaves every field bytes; or a callable
-            taking the sample dict and returning what `__getitem__` gives. Defaults to
-            "auto".
+            `npy`; `pyd`/`pickle` only with `allow_pickle=True`; images stay bytes); None
+            leaves every field bytes; or a callable taking the sample dict and returning what
+            `__getitem__` gives. Defaults to "auto".
         transform: A callable applied to each decoded sample. None means none. Defaults
             to None.
         storage_options: Options for the store's client (e.g. `{"endpoint_url": ...}`);
@@ -89,10 +89,16 @@ class ShardedDataset(Dataset[Any]):
             many bytes, `download_threads` at a time (an object store serves each
             connection at a bounded rate); None downloads each shard in one request.
             16 MiB by default. Defaults to 16777216.
+        allow_pickle: Whether `decode="auto"` unpickles `pyd`/`pickle` fields (bool).
+            Unpickling runs whatever code the bytes name, so anyone who can write to the store
+            could run code in every worker: by default such a field raises `ValueError`
+            naming it and this argument. Pass True only for a store you trust. Defaults to
+            False.
 
     Raises:
         MissingObjectError: when the prefix has no index (the message says how to build it).
         ValueError: when an argument is outside what it accepts (the message names it).
+        TypeError: when `allow_pickle` is not a bool.
     """
 
     def __init__(
@@ -110,9 +116,12 @@ class ShardedDataset(Dataset[Any]):
         store_retries: int = 6,
         store_timeout_s: float = 30.0,
         part_bytes: int | None = 16777216,
+        allow_pickle: bool = False,
     ) -> None:
         if not (decode is None or decode == "auto" or callable(decode)):
             raise ValueError(f"decode should be 'auto', None or a callable, but got decode={decode!r}")
+        if not isinstance(allow_pickle, bool):
+            raise TypeError(f"allow_pickle should be a bool, but got allow_pickle={allow_pickle!r}")
         if transform is not None and not callable(transform):
             raise ValueError(f"transform should be a callable or None, but got transform={transform!r}")
         for name, value, least in (("prefetch_shards", prefetch_shards, 0), ("download_threads", download_threads, 1)):
@@ -126,6 +135,7 @@ class ShardedDataset(Dataset[Any]):
         self.shard_starts = np.asarray(self.index.starts, dtype=np.int64)
         self._sizes = [int(s.size) for s in self.index.shards]
         self.decode = decode
+        self.allow_pickle = allow_pickle
         self.transform = transform
         self.prefetch_shards = prefetch_shards
         if part_bytes is not None and (not isinstance(part_bytes, int) or isinstance(part_bytes, bool) or part_bytes < 1):
@@ -180,7 +190,11 @@ class ShardedDataset(Dataset[Any]):
         except OSError as exc:
             raise _naming(exc, f"sample {index}, shard {self.store.url_of(self.index.shards[number].name)}") from exc
         if self.decode == "auto":
-            sample = decode_auto(sample)
+            try:
+                sample = decode_auto(sample, allow_pickle=self.allow_pickle)
+            except ValueError as exc:
+                shard = self.store.url_of(self.index.shards[number].name)
+                raise ValueError(f"{exc} (in sample {index}, shard {shard})") from exc
         elif callable(self.decode):
             sample = self.decode(sample)
         if self.transform is not None:

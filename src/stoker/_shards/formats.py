@@ -390,27 +390,46 @@ def encode_auto(value: Any, ext: str) -> bytes:
     )
 
 
-def decode_auto(sample: Mapping[str, Any]) -> dict[str, Any]:
+def decode_auto(sample: Mapping[str, Any], *, allow_pickle: bool = False) -> dict[str, Any]:
     """A sample with its fields decoded by extension (the last part after the final "."):
     cls/cls2/index/id/int -> int, txt/text -> str, json -> json.loads, npy -> np.load,
-    pyd/pickle -> pickle.loads; other fields, values that are not bytes, and `__key__` stay.
+    pyd/pickle -> pickle.loads (only with `allow_pickle=True`); other fields, values that are
+    not bytes, and `__key__` stay.
+
+    Unpickling runs whatever code the bytes name: whoever can write to the store the shards
+    came from could run code in every process that reads them. So pickle fields are refused
+    unless the caller trusts the store and says so, as `np.load(allow_pickle=...)` does.
 
     Args:
         sample: `{field: value}` as read from a shard.
+        allow_pickle: Whether to unpickle `pyd`/`pickle` fields (bool). False refuses them
+            with a `ValueError`; pass True only for shards from a store you trust. Defaults
+            to False.
 
     Returns:
         A new dict with the decoded values.
 
     Raises:
-        ValueError: when a field's bytes do not decode as its extension says; the message
-            names the sample's key and the field.
+        TypeError: when `allow_pickle` is not a bool.
+        ValueError: when a field's bytes do not decode as its extension says, or a pickle
+            field is met without `allow_pickle=True`; the message names the sample's key and
+            the field.
     """
+    if not isinstance(allow_pickle, bool):
+        raise TypeError(f"allow_pickle should be a bool, but got allow_pickle={allow_pickle!r}")
     out: dict[str, Any] = {}
     for field, value in sample.items():
         if field.startswith("__") or not isinstance(value, (bytes, bytearray, memoryview)):
             out[field] = value
             continue
         kind = _extension(field)
+        if kind in _PICKLE_EXTS and not allow_pickle:
+            raise ValueError(
+                f"sample {sample.get('__key__')!r}, field {field!r}: is a pickle, and unpickling runs "
+                "whatever code its bytes name (anyone who can write to the store could run code "
+                "here): pass allow_pickle=True only if you trust the store, or decode=None to "
+                "keep the field's bytes"
+            )
         try:
             if kind in _INT_EXTS:
                 out[field] = int(bytes(value))
