@@ -44,8 +44,8 @@ _EXPORTS = {
     "SubsetRandomSampler": "._data.samplers",
     "WeightedRandomSampler": "._data.samplers",
     "SharedList": "._data.shared_list",
-    "Shard": "._data.shard",
-    "shard_for": "._data.shard",
+    "Shard": "._data.stream_split",
+    "shard_for": "._data.stream_split",
 }
 
 if TYPE_CHECKING:
@@ -75,8 +75,8 @@ if TYPE_CHECKING:
         SubsetRandomSampler,
         WeightedRandomSampler,
     )
-    from ._data.shard import Shard, shard_for
     from ._data.shared_list import SharedList
+    from ._data.stream_split import Shard, shard_for
 
 
 def __getattr__(name: str) -> Any:

@@ -33,8 +33,8 @@ from ._core.worker import WorkerInfo, get_worker_info
 from ._data import datasets as _datasets
 from ._data.collate import CollateFnMap
 from ._data.rng import GeneratorLike
-from ._data.shard import Shard, shard_for
 from ._data.shared_list import SharedList
+from ._data.stream_split import Shard, shard_for
 from ._data.torch_collate import collate as _collate
 from ._data.torch_collate import default_collate, default_convert
 from ._data.torch_collate import default_collate_fn_map as _default_map
