@@ -1,13 +1,10 @@
 from __future__ import annotations
 
-import multiprocessing
 from pathlib import Path
 
 import pytest
-
-from leakcheck import KINDS, SETTLE_S, Snapshot
-
-START_METHODS = [m for m in ("fork", "spawn", "forkserver") if m in multiprocessing.get_all_start_methods()]
+from tests.support.leakcheck import KINDS, SETTLE_S, Snapshot
+from tests.support.processes import START_METHODS
 
 # Every test under these directories (tests/<tier>/...) fails if it leaves a child process,
 # thread, pipe/socket/memfd descriptor or /dev/shm entry behind; elsewhere a test opts in

@@ -26,8 +26,15 @@ import re
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
-
-from docblocks import BLOCK_TIMEOUT_S, PYTHON_FENCE, ROOT, Block, Outcome, page_blocks, run_block
+from tests.support.docblocks import (
+    BLOCK_TIMEOUT_S,
+    PYTHON_FENCE,
+    ROOT,
+    Block,
+    Outcome,
+    page_blocks,
+    run_block,
+)
 
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]

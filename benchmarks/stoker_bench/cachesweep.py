@@ -229,7 +229,10 @@ def sweep(
     Returns:
         dict: "settings" and "rows" (one per store, ranks and cap).
     """
-    from .s3server import S3Server, client_env
+    from . import with_test_support
+
+    with_test_support()
+    from tests.support.s3server import S3Server, client_env
 
     say = progress or (lambda text: None)
     work = tempfile.mkdtemp(prefix="stoker-cachesweep-")

@@ -717,8 +717,10 @@ def mosaic_python(python: str | None, setup: bool) -> tuple[str | None, str | No
 
 
 def _child_env(endpoint: str, cache_dir: str) -> dict[str, str]:
-    from . import HOME
-    from .s3server import client_env
+    from . import HOME, with_test_support
+
+    with_test_support()
+    from tests.support.s3server import client_env
 
     env = {**os.environ, **client_env(endpoint), "S3_ENDPOINT_URL": endpoint, "PYTHONUNBUFFERED": "1"}
     env["STREAMBENCH_HOME"] = HOME
@@ -1044,7 +1046,10 @@ def run(
         library and mode: its figures, "error" when it failed, the raw measures under
         "raw"), "ratios", "skipped", "seconds".
     """
-    from .s3server import FaultProxy, S3Server
+    from . import with_test_support
+
+    with_test_support()
+    from tests.support.s3server import FaultProxy, S3Server
 
     say = progress or (lambda text: None)
     unknown = [name for name in libraries if name not in LIBRARIES]

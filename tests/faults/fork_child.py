@@ -34,13 +34,13 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root: tests.support
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from scenario import _prestart
+from tests.support.leakcheck import Snapshot
 
 import stoker
-from leakcheck import Snapshot
 
 SAMPLES = 40
 BATCH = 2

@@ -25,10 +25,11 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root: tests.support
+
+from tests.support.leakcheck import Snapshot
 
 import stoker
-from leakcheck import Snapshot
 
 
 def die(kind: str) -> None:

@@ -23,17 +23,17 @@ import pytest
 from stoker._core.parent import ORPHANED_EXIT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TESTS = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))  # the repo root: tests.support
 START_METHODS = ["fork", "spawn", "forkserver"]
 
 PRELUDE = textwrap.dedent(
     f"""
     import gc, json, os, sys, time, warnings
     import numpy as np
-    sys.path.insert(0, {TESTS!r})
+    sys.path.insert(0, {ROOT!r})
     sys.path.insert(0, {HERE!r})
     import stoker
-    from leakcheck import Snapshot
+    from tests.support.leakcheck import Snapshot
     from scenario import _prestart
 
     class Slow(stoker.Dataset):

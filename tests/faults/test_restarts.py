@@ -15,8 +15,7 @@ import subprocess
 import sys
 
 import pytest
-
-from conftest import START_METHODS
+from tests.support.processes import START_METHODS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CHILD_TIMEOUT_S = 60

@@ -27,8 +27,7 @@ if not dist.is_available() or not dist.is_gloo_available():
 
 
 import own_samplers  # noqa: E402
-
-from namespaces import loopback_only, run_in_namespace  # noqa: E402
+from tests.support.namespaces import loopback_only, run_in_namespace  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("accelerate_main.py")
 LAUNCH_TIMEOUT_S = 75  # the stoker flavour runs its own samplers too

@@ -49,10 +49,10 @@ from pytorch_lightning.trainer.connectors.data_connector import _DataConnector  
 from pytorch_lightning.trainer.states import RunningStage  # noqa: E402
 from pytorch_lightning.utilities.combined_loader import _shutdown_workers_and_reset_iterator  # noqa: E402
 from pytorch_lightning.utilities.data import _is_dataloader_shuffled, _update_dataloader  # noqa: E402
+from tests.support.namespaces import loopback_only, run_in_namespace  # noqa: E402
 from torch.utils.data.dataloader import _DatasetKind  # noqa: E402
 
 import stoker.torch as st  # noqa: E402
-from namespaces import loopback_only, run_in_namespace  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("lightning_main.py")
 LAUNCH_TIMEOUT_S = 150

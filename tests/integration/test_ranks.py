@@ -21,8 +21,7 @@ if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("this torch build has no gloo backend", allow_module_level=True)
 
 import psutil  # noqa: E402
-
-from namespaces import LOOPBACK_UP, loopback_only  # noqa: E402
+from tests.support.namespaces import LOOPBACK_UP, loopback_only  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("rank_main.py")
 N = 48  # divisible by 2, 3 and the batch size 4

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.support.processes import START_METHODS
 
-from conftest import START_METHODS
 from stoker._core.math_threads import AfterImport, blas_threads, set_blas_threads
 
 CHILD_TIMEOUT_S = 60  # a hang guard: each child takes a few seconds

@@ -262,7 +262,7 @@ def test_iterable_sharded_and_unsharded(engine: str) -> None:
 @pytest.mark.parametrize("engine", ["fork", "spawn", "threads"])
 @pytest.mark.parametrize("prefetch_factor", [1, 2, 4])
 def test_prefetch_factor_bounds_work_done_ahead(engine: str, prefetch_factor: int) -> None:
-    from leakcheck import Snapshot
+    from tests.support.leakcheck import Snapshot
 
     counter = multiprocessing.get_context("spawn" if engine == "spawn" else "fork").Value("i", 0)
     before = Snapshot()  # after the counter: multiprocessing keeps its heap's fd open

@@ -40,7 +40,7 @@ def torch_and_namespace() -> str | None:
         return "torch is not installed"
     if not dist.is_available() or not dist.is_gloo_available():
         return "this torch build has no gloo backend"
-    from namespaces import loopback_only
+    from tests.support.namespaces import loopback_only
 
     return loopback_only()
 
@@ -51,7 +51,7 @@ CANNOT_RUN = torch_and_namespace()
 @pytest.mark.skipif(CANNOT_RUN is not None, reason=str(CANNOT_RUN))
 @pytest.mark.timeout(300)
 def test_killed_on_4_ranks_resumed_on_2_and_on_1_continues_the_packed_rows(tmp_path: Path) -> None:
-    from namespaces import run_in_namespace
+    from tests.support.namespaces import run_in_namespace
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     run_in_namespace([str(SCRIPT), str(tmp_path)], tmp_path, env, 270, "the mixed-and-packed resume scenario",

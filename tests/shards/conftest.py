@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-
-from stoker_bench.s3server import FaultProxy, S3Server, client_env
+from tests.support.s3server import FaultProxy, S3Server, client_env
 
 _buckets = itertools.count()
 

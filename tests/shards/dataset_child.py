@@ -18,9 +18,10 @@ import traceback
 
 
 def main(spec: dict) -> dict:
+    from tests.support.s3server import FaultProxy
+
     from stoker import DataLoader
     from stoker.shards import ShardedDataset, ShardedSampler
-    from stoker_bench.s3server import FaultProxy
 
     with FaultProxy(spec["upstream"], **spec.get("proxy", {})) as proxy:
         data = ShardedDataset(

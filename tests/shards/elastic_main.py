@@ -102,8 +102,9 @@ def folder_bytes(folder: Path) -> int:
 
 
 def scenario(out: Path) -> None:
+    from tests.support.s3server import S3Server, client_env
+
     from stoker.shards import write_shards
-    from stoker_bench.s3server import S3Server, client_env
 
     with S3Server() as server:
         server.make_bucket("elastic")

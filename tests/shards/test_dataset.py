@@ -27,6 +27,8 @@ import pytest
 
 pytest.importorskip("moto")
 
+from tests.support.s3server import FaultProxy, S3Server
+
 from stoker import DataLoader, WorkerRestartWarning
 from stoker.shards import (
     CacheFullError,
@@ -35,7 +37,6 @@ from stoker.shards import (
     ShardedSampler,
     write_shards,
 )
-from stoker_bench.s3server import FaultProxy, S3Server
 
 N = 60
 BATCH = 4

@@ -18,7 +18,7 @@ if not os.environ.get("STOKER_S3_SERVER_PYTHON"):  # the user tier runs moto fro
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("this torch build has no gloo backend", allow_module_level=True)
 
-from namespaces import loopback_only, run_in_namespace  # noqa: E402
+from tests.support.namespaces import loopback_only, run_in_namespace  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("elastic_main.py")
 NO_NAMESPACE = loopback_only()

@@ -13,10 +13,11 @@ import pytest
 
 pytest.importorskip("moto")
 
+from tests.support.s3server import FaultProxy
+
 from stoker import DataLoader
 from stoker.mix import MixedDataset, PackedDataset, StreamSampler, collate_packed
 from stoker.shards import ShardedDataset, write_shards
-from stoker_bench.s3server import FaultProxy
 
 SIZES = (90, 60)
 

@@ -22,10 +22,10 @@ from typing import Any
 
 import psutil
 import pytest
+from tests.support.s3server import S3Server
 
 from stoker._shards import relay
 from stoker._shards.store import MissingObjectError, Store, StoreError
-from stoker_bench.s3server import S3Server
 
 BLOB = os.urandom(3_000_000)
 

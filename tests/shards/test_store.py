@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
+from tests.support.s3server import FaultProxy, S3Server
 
 from stoker._shards.store import AccessDeniedError, MissingObjectError, Store, StoreError
-from stoker_bench.s3server import FaultProxy, S3Server
 
 CLIENTS = ("obstore", "fsspec")
 BLOB = os.urandom(300_000)
@@ -269,14 +269,14 @@ def test_server_child_exits_when_its_parent_is_killed() -> None:
     script = textwrap.dedent(
         """
         import sys, time
-        from stoker_bench.s3server import S3Server
+        from tests.support.s3server import S3Server
         server = S3Server().start()
         print(server.pid, flush=True)
         time.sleep(120)
         """
     )
-    benchmarks = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(benchmarks)}
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(root)}
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, env=env)
     try:
         assert parent.stdout is not None

@@ -12,9 +12,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests.support.identity_cases import (
+    ELASTIC,
+    check_case,
+    check_signature,
+    epoch,
+    listed,
+    saved_state,
+)
 
 import stoker
-from identity_cases import ELASTIC, check_case, check_signature, epoch, listed, saved_state
 from stoker._data import identity
 from stoker.mix import MixedDataset, PackedDataset, StreamSampler, TokenDataset
 

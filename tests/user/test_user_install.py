@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch.utils.data as tud
+from tests.support.docblocks import ROOT, Block, page_blocks, run_block
+from tests.support.s3server import S3Server, client_env
 
 import stoker.torch as st
-from docblocks import ROOT, Block, page_blocks, run_block
 from stoker.shards import (
     CorruptShardError,
     MissingObjectError,
@@ -30,7 +31,6 @@ from stoker.shards import (
     ShardedSampler,
     write_shards,
 )
-from stoker_bench.s3server import S3Server, client_env
 
 N = 240
 SHARD_BYTES = 6_000
@@ -164,7 +164,6 @@ def test_an_unreadable_shard_is_the_documented_error(
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("block", GUIDE_BLOCKS, ids=[b.where for b in GUIDE_BLOCKS])
 def test_the_guides_examples_run_as_written(block: Block, tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "benchmarks"))
-    outcome = run_block(block, tmp_path / "example", python=sys.executable, env=env)
+    outcome = run_block(block, tmp_path / "example", python=sys.executable)
     assert outcome.returncode == 0, f"{block.where} failed after {outcome.seconds:.1f} s:\n{outcome.output[-4000:]}"
     assert not outcome.leftovers, f"{block.where} left processes behind: {outcome.leftovers}"

@@ -14,7 +14,8 @@ repeatable whatever the order threads send in. It streams bodies through in chun
 is held whole) and keeps connections alive.
 
 Used by tests/shards (the `s3_server`, `s3_url` and `fault_proxy` fixtures) and by the
-streaming benchmark. `python -m stoker_bench.s3server` runs a server until interrupted.
+benchmark harness (the streaming benchmark, the cache sweep), which borrows it from here.
+`python -m tests.support.s3server`, from the repo root, runs a server until interrupted.
 """
 
 from __future__ import annotations
@@ -715,7 +716,7 @@ class FaultProxy:
 def main() -> None:
     """Run an S3 server (and a proxy in front of it when asked) until interrupted.
 
-    Usage: `python -m stoker_bench.s3server [FIRST_BYTE_S [BANDWIDTH]]`.
+    Usage: `python -m tests.support.s3server [FIRST_BYTE_S [BANDWIDTH]]`.
     """
     first_byte_s = float(sys.argv[1]) if len(sys.argv) > 1 else 0.0
     bandwidth = float(sys.argv[2]) if len(sys.argv) > 2 else None

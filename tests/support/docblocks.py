@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BLOCK_TIMEOUT_S = 150
 
 # Names the prose around a block assumes, made small. Each is the whole preamble of the blocks
@@ -114,7 +114,7 @@ def load(path):
 import os
 
 import torch
-from stoker_bench.s3server import S3Server, client_env
+from tests.support.s3server import S3Server, client_env
 
 _server = S3Server().start()
 _server.make_bucket("my-bucket")
@@ -245,6 +245,8 @@ def run_block(block: Block, workdir: Path, python: str = sys.executable, env: di
     script = workdir / "example.py"
     script.write_text(block.code)
     env = dict(os.environ if env is None else env, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONFAULTHANDLER="1")
+    # the repo root, for the setups that start tests.support's S3 server
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     started = time.monotonic()
     child = subprocess.Popen([python, script.name], cwd=workdir, env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
