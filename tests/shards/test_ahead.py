@@ -1,6 +1,6 @@
-"""The plan protocol: the loader tells a ShardedDataset the batches its sampler draws, ahead
-of their dispatch, and the dataset's threads download their shards before a worker asks; a
-dataset without the protocol is read exactly as before."""
+"""The look-ahead hook (`stoker_upcoming`): the loader tells a ShardedDataset the batches its
+sampler draws, ahead of their dispatch, and the dataset's threads download their shards before
+a worker asks; a dataset without the hook is read exactly as before."""
 
 from __future__ import annotations
 

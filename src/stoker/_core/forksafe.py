@@ -16,56 +16,25 @@ collects garbage:
 - CUDA calls made by the pin thread's, the device copier's or a pinned slot's cleanup are
   undefined in a forked child.
 
-So stoker's finalizers are made with `finalize` (or wrapped with `only_here`): they do nothing
-in any process other than the one that made them, and `adopt` records each worker process
-started, which an at-fork hook removes from a forked child's copy of multiprocessing's list.
+So stoker's finalizers are made with `finalize` (or wrapped with `only_here`, both from
+`_base/process.py`, the one home of fork safety): they do nothing in any process other than
+the one that made them, and `adopt` records each worker process started, which an at-fork
+hook removes from a forked child's copy of multiprocessing's list.
 What a child releases of its own (its copies of descriptors, its mappings) stays released
 there: that is the child's memory, not the parent's loader.
 """
 
 from __future__ import annotations
 
-import os
 import weakref
-from collections.abc import Callable
 from multiprocessing import process as mp_process
 from multiprocessing.process import BaseProcess
-from typing import Any
+
+from .._base.process import at_fork, finalize, only_here
+
+__all__ = ["adopt", "finalize", "only_here"]
 
 _workers: weakref.WeakSet[BaseProcess] = weakref.WeakSet()
-
-
-def only_here(func: Callable[..., Any]) -> Callable[..., None]:
-    """`func`, made to do nothing when called in any process other than this one.
-
-    Args:
-        func: the cleanup to run; its result is dropped.
-
-    Returns:
-        A callable taking `func`'s arguments.
-    """
-    pid = os.getpid()
-
-    def call(*args: Any) -> None:
-        if os.getpid() == pid:
-            func(*args)
-
-    return call
-
-
-def finalize(obj: Any, func: Callable[..., Any], *args: Any) -> weakref.finalize:
-    """`weakref.finalize(obj, func, *args)` that calls `func` only in this process: in a forked
-    child, calling the finalizer, collecting `obj` or the child's exit just detach it.
-
-    Args:
-        obj: the object whose collection triggers the call.
-        func: the cleanup; it must not hold a reference to `obj`.
-        *args: passed to `func`.
-
-    Returns:
-        The finalizer (call it to run the cleanup early; `alive` says whether it has run).
-    """
-    return weakref.finalize(obj, only_here(func), *args)
 
 
 def adopt(process: BaseProcess) -> None:
@@ -86,4 +55,4 @@ def _forget_inherited_workers() -> None:
     _workers.clear()
 
 
-os.register_at_fork(after_in_child=_forget_inherited_workers)
+at_fork(after_in_child=_forget_inherited_workers)

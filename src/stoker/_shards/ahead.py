@@ -1,11 +1,11 @@
 """Downloads ahead of a `ShardedDataset`'s readers, in the loader's process.
 
 The loader tells the dataset each batch's indices as its sampler draws them (`stoker_upcoming`,
-the plan protocol); `Planner` downloads the shards those batches need, in the order they are
+the look-ahead hook); `DownloadsAhead` downloads the shards those batches need, in the order they are
 needed, a few threads at a time (`DaemonPool`, each shard in parallel ranges:
 `download_parts`), and leases each one (a pin in the cache) until the samples drawn from it
 have been read. Readers in any process count their reads in a small file of their own
-(`Reads`); the planner sums them (`Tally`) to end each lease, so eviction takes only shards
+(`Reads`); `DownloadsAhead` sums them (`Tally`) to end each lease, so eviction takes only shards
 that no unread batch needs, and never the window being read.
 """
 
@@ -110,9 +110,9 @@ class DaemonPool:
 class Reads:
     """How many samples of each shard one process has read: an array of int64 in a file of its
     own, `reads/<key>.<pid>` in the cache folder, that only this process writes and the
-    loader's process (its `Planner`) maps and sums, to end each lease once the samples drawn
+    loader's process (its `DownloadsAhead`) maps and sums, to end each lease once the samples drawn
     from its shard are read. Reading costs one increment a sample. Nothing is counted when no
-    loader plans for the dataset (no file `reads/<key>` marks its planner: a dataset read by
+    loader downloads ahead for the dataset (no file `reads/<key>` marks it: a dataset read by
     torch's loader leaves no file), or when the file cannot be made: leases then end only as
     the loader's window moves on."""
 
@@ -142,7 +142,7 @@ class Reads:
                 counts[number] += 1
 
     def close(self) -> None:
-        if self.pid == os.getpid() and self._map is not None:
+        if self._map is not None:  # called in the process that made it (see PerProcess)
             self.counts = None
             try:
                 self._map.close()
@@ -165,7 +165,7 @@ class Tally:
             names = os.listdir(folder)
         except OSError:
             names = []
-        for name in names:  # "<loader pid>-<token>" (a planner's mark) and ".<reader pid>"
+        for name in names:  # "<loader pid>-<token>" (a loader's mark) and ".<reader pid>"
             if not _alive(name.split("-", 1)[0]):
                 _unlink(os.path.join(folder, name))
         try:  # the mark that tells readers to count
@@ -225,13 +225,13 @@ def _unlink(path: str) -> None:
         pass
 
 
-class Planner:
+class DownloadsAhead:
     """The downloads ahead of one loader's batches, in its process, and the leases that keep
     their shards in the cache until the batches are read.
 
     Each shard a drawn batch needs is leased (`ShardCache.lease`: downloaded if absent, then
     pinned), in the order the batches need them. A lease ends when the samples drawn from its
-    shard have all been read (the readers count their reads in files the planner sums, see
+    shard have all been read (the readers count their reads in files this sums, see
     `Reads`), or when every batch needing it has left the loader's window (`behind`): so the
     shards being read are never evicted to make room for those drawn ahead, whatever the
     workers, ranks or timestamps do, and each shard is downloaded once per epoch when the cache

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, NamedTuple, cast
 
+from .._base.process import PerProcess, at_fork
 from .formats import CorruptShardError
 
 __all__ = ["CacheFullError", "CorruptShardError", "ShardCache", "measure_usage"]
@@ -92,9 +93,7 @@ def _after_fork_in_child() -> None:
     _FD_LOCK.release()
 
 
-os.register_at_fork(
-    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
-)
+at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 def _open(path: str, flags: int, mode: int = 0o666) -> int:
@@ -201,7 +200,6 @@ class _Process:
     """What one process (not its forked children) holds and has counted. Its lock is never
     held while waiting for a file lock."""
 
-    pid: int = field(default_factory=os.getpid)
     lock: threading.Lock = field(default_factory=threading.Lock)
     pins: dict[str, list[int]] = field(default_factory=dict)  # name -> [fd, count]
     peak: int = 0
@@ -309,7 +307,9 @@ class ShardCache:
         self.directory = os.path.abspath(os.fspath(directory))
         self.cap_bytes = cap_bytes
         self.timeout_s = float(timeout_s)
-        self._state = _Process()
+        # a forked child's pins are not its parent's (their descriptors were closed in the
+        # child by the fork hook above): it gets a _Process of its own
+        self._state = PerProcess(_Process)
         self._prepare()
 
     def _prepare(self) -> None:
@@ -342,15 +342,7 @@ class ShardCache:
 
     @property
     def _proc(self) -> _Process:
-        state = self._state
-        if state.pid != os.getpid():
-            # a forked child: its parent's pins are not its own (their descriptors were
-            # closed in the child by the fork hook above)
-            with _FD_LOCK:
-                if self._state.pid != os.getpid():
-                    self._state = _Process()
-                state = self._state
-        return state
+        return self._state.get()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"directory": self.directory, "cap_bytes": self.cap_bytes, "timeout_s": self.timeout_s}
@@ -359,7 +351,7 @@ class ShardCache:
         self.directory = state["directory"]
         self.cap_bytes = state["cap_bytes"]
         self.timeout_s = state["timeout_s"]
-        self._state = _Process()
+        self._state = PerProcess(_Process)
 
     def __repr__(self) -> str:
         return f"ShardCache({self.directory!r}, cap_bytes={self.cap_bytes}, timeout_s={self.timeout_s})"

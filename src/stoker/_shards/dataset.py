@@ -1,11 +1,11 @@
 """`ShardedDataset`: a map-style dataset over the shards at a URL prefix, read through a bounded
-local cache, with downloads driven by the loader's plan of upcoming batches.
+local cache, with downloads driven by the batches the loader draws ahead.
 
 Start-up reads one object (the index). Sample `i` is found in the index (its shard and byte
 range, or row group), its shard is brought into the machine's cache (`ShardCache`: one
 download per machine, whoever asks first), and the sample is read from the local file.
 
-The loader tells the dataset what comes next through `stoker_upcoming` (the plan protocol,
+The loader tells the dataset what comes next through `stoker_upcoming` (the look-ahead hook,
 called in the loader's process with each batch's indices as its sampler draws them); a few
 threads there download the shards those batches need, in the order they are needed, and
 lease them (pin them in the cache) until the samples drawn from them have been read, so that
@@ -29,9 +29,10 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from .._base.process import PerProcess, finalize
 from .._data.datasets import Dataset
 from .._data.identity import callable_name
-from .ahead import Planner, Reads, download_parts
+from .ahead import DownloadsAhead, Reads, download_parts
 from .cache import ShardCache
 from .formats import decode_auto, read_parquet_row, read_tar_sample
 from .index import Index
@@ -165,13 +166,10 @@ class ShardedDataset(Dataset[Any]):
             )
         self.cache_bytes = cache_bytes
         self.cache = ShardCache(folder, cache_bytes, timeout_s=timeout_s)
-        self._planner: Planner | None = None
-        self._planner_pid = -1
-        self._open_shards: _OpenShards | None = None
         # names this dataset's read counts in the cache folder: the loader's process (its
-        # planner) sums what its workers read, to end each lease once its samples are read
+        # downloads ahead) sums what its workers read, to end each lease once its samples are read
         self._reads_key = f"{os.getpid()}-{os.urandom(6).hex()}"
-        self._reads: Reads | None = None
+        self._per_process()
         self._index_digest: str | None = None  # stoker_describe's, made at the first state
 
     def __len__(self) -> int:
@@ -229,24 +227,32 @@ class ShardedDataset(Dataset[Any]):
                 opened.forget(number)  # evicted under the read: the cache empties a shard first
         raise OSError(f"shard {shard.name} was evicted from the cache each time it was fetched: raise cache_bytes")
 
+    def _per_process(self) -> None:
+        """What each process makes for itself (again in a forked child; a worker never makes
+        the downloads ahead)."""
+        self._ahead: PerProcess[DownloadsAhead] = PerProcess(self._new_ahead, close=DownloadsAhead.close)
+        self._open_shards: PerProcess[_OpenShards] = PerProcess(_OpenShards, close=_OpenShards.close)
+        self._reads: PerProcess[Reads] = PerProcess(self._new_reads, close=Reads.close)
+
+    def _new_ahead(self) -> DownloadsAhead:
+        return DownloadsAhead(self, self.download_threads)
+
+    def _new_reads(self) -> Reads:
+        return Reads(self._reads_dir(), self._reads_key, len(self.index.shards))
+
     def _counted(self) -> Reads:
-        reads = self._reads
-        if (
-            reads is None
-            or reads.pid != os.getpid()
-            or (reads.counts is None and self._planner is not None and self._planner_pid == os.getpid())
-        ):
-            reads = self._reads = Reads(self._reads_dir(), self._reads_key, len(self.index.shards))
+        reads = self._reads.get()
+        if reads.counts is None and self._ahead.made_here:
+            # made before this process's downloads ahead marked the folder: count from now
+            self._reads.clear()
+            reads = self._reads.get()
         return reads
 
     def _reads_dir(self) -> str:
         return os.path.join(self.cache.directory, "reads")
 
     def _opened(self) -> _OpenShards:
-        opened = self._open_shards
-        if opened is None or opened.pid != os.getpid():
-            opened = self._open_shards = _OpenShards()
-        return opened
+        return self._open_shards.get()
 
     def _fetcher(self, number: int) -> Callable[[BinaryIO], int]:
         shard = self.index.shards[number]
@@ -269,9 +275,9 @@ class ShardedDataset(Dataset[Any]):
             shard.name, int(shard.size), shard.sha256, self._fetcher(number), max(self._sizes), decided
         )
 
-    # ------------------------------------------------------------------ the plan protocol
+    # ------------------------------------------------------------------ the look-ahead hook
     def stoker_upcoming(self, indices: list[int], behind: int) -> bool:
-        """The loader's plan: a batch its sampler just drew, ahead of its dispatch.
+        """The look-ahead hook: a batch the loader's sampler just drew, ahead of its dispatch.
 
         Called in the loader's process, once per batch in the order drawn. The shards the
         batch needs are downloaded (a few at a time, in the order needed); the drawing goes
@@ -287,31 +293,24 @@ class ShardedDataset(Dataset[Any]):
             True when the downloads would run further ahead: the loader then draws the next
             batch at once.
         """
-        if self._planner is None or self._planner_pid != os.getpid():
-            self._planner = Planner(self, self.download_threads)
-            self._planner_pid = os.getpid()
-        return self._planner.drawn(indices, behind)
+        return self._ahead.get().drawn(indices, behind)
 
     def close(self) -> None:
         """Stop the downloads ahead and close the shards this process has open (the cache's
         files stay)."""
-        if self._planner is not None and self._planner_pid == os.getpid():
-            self._planner.close()
-        self._planner = None
-        if self._open_shards is not None:
-            self._open_shards.close()
-        self._open_shards = None
-        if self._reads is not None:
-            self._reads.close()
-        self._reads = None
+        self._ahead.clear()
+        self._open_shards.clear()
+        self._reads.clear()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_planner"] = None  # each process plans for itself; a worker never does
-        state["_planner_pid"] = -1
-        state["_open_shards"] = None
-        state["_reads"] = None
+        for name in ("_ahead", "_open_shards", "_reads"):  # each process makes its own
+            del state[name]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._per_process()
 
     def stoker_describe(self) -> dict[str, Any]:
         """What a loader state saved over this dataset must agree on: the index's identity
@@ -349,8 +348,10 @@ class _OpenShards:
     TOUCH_S = 0.5
 
     def __init__(self) -> None:
-        self.pid = os.getpid()
         self.open: collections.OrderedDict[int, list[Any]] = collections.OrderedDict()  # number -> [fd, touched]
+        # the descriptors are closed with this object, in this process only: a forked child's
+        # copy forgets them (the holder never closes a parent's value)
+        self._closer = finalize(self, _close_all, self.open)
 
     def fd(self, number: int, dataset: ShardedDataset) -> int | None:
         held = self.open.get(number)
@@ -384,15 +385,14 @@ class _OpenShards:
             os.close(held[0])
 
     def close(self) -> None:
-        if self.pid == os.getpid():
-            while self.open:
-                os.close(self.open.popitem()[1][0])
-        self.open.clear()
+        self._closer()
 
-    def __del__(self) -> None:
+
+def _close_all(open_files: collections.OrderedDict[int, list[Any]]) -> None:
+    while open_files:
         try:
-            self.close()
-        except Exception:
+            os.close(open_files.popitem()[1][0])
+        except OSError:
             pass
 
 

@@ -32,6 +32,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from .._base.process import at_fork
+
 __all__ = [
     "CorruptShardError",
     "decode_auto",
@@ -492,7 +494,7 @@ def _forget_row_groups() -> None:
     _ROW_GROUPS.clear()
 
 
-os.register_at_fork(after_in_child=_forget_row_groups)
+at_fork(after_in_child=_forget_row_groups)
 
 
 def read_parquet_row(

@@ -44,6 +44,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, BinaryIO, cast
 
+from .._base.process import at_fork
 from .clients import (
     Backend,
     OwnerGone,
@@ -229,7 +230,7 @@ def become_owner(make_store: Callable[..., Any]) -> None:
     if not sys.platform.startswith("linux"):
         return
     with _owner_lock:
-        if _owner is None or _owner.pid != os.getpid():
+        if _owner is None:  # a forked child's copy was dropped by the fork hook below
             _owner = _Owner(make_store)
 
 
@@ -239,27 +240,24 @@ def available() -> bool:
 
 
 def _owner_address() -> tuple[str, bytes, int] | None:
-    if _owner is not None and _owner.pid != os.getpid():
-        return (_owner.address, _owner.token, _owner.pid)
     return _inherited
 
 
 def _after_fork_in_child() -> None:
     """A child of the owner (or of one of its descendants): close the inherited listener and
     connections, keep the owner's address and token."""
-    global _owner, _inherited
+    global _owner, _inherited, _owner_lock
+    _owner_lock = threading.Lock()  # another thread may have held it at the fork
     if _owner is not None:
-        if _owner.pid != os.getpid():
-            _inherited = (_owner.address, _owner.token, _owner.pid)
-            listener, _owner.listener = _owner.listener, None
-            if listener is not None:
-                listener.close()
+        _inherited = (_owner.address, _owner.token, _owner.pid)
+        listener, _owner.listener = _owner.listener, None
+        if listener is not None:
+            listener.close()
         _owner = None
-    _connections.__dict__.clear()
+    _connections.__dict__.clear()  # the forking thread's: the child's only thread
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+at_fork(after_in_child=_after_fork_in_child)
 
 
 # --- the asking side -------------------------------------------------------------------
@@ -296,9 +294,9 @@ class RelayBackend(Backend):
         )
 
     def _socket(self) -> socket.socket:
-        made = getattr(_connections, "sock", None)
-        if made is not None and made[0] == os.getpid():
-            return made[1]
+        made = getattr(_connections, "sock", None)  # this thread's (the fork hook drops it)
+        if made is not None:
+            return made
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
@@ -315,14 +313,14 @@ class RelayBackend(Backend):
         if answer != b"\1":
             sock.close()
             raise self._gone()
-        _connections.sock = (os.getpid(), sock)
+        _connections.sock = sock
         return sock
 
     def _drop(self) -> None:
         made = getattr(_connections, "sock", None)
         _connections.sock = None
         if made is not None:
-            made[1].close()
+            made.close()
 
     def _wait(self, sock: socket.socket) -> None:
         while not select.select([sock], [], [], OWNER_CHECK_S)[0]:

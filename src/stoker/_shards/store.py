@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TypeVar
 
+from .._base.process import PerProcess
 from . import relay
 from .clients import (
     OBSTORE_SCHEMES,
@@ -172,8 +173,7 @@ class Store:
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s
         self.counters = Counters()
-        self._lock = threading.Lock()
-        self._client: tuple[int, Backend] | None = None
+        self._client: PerProcess[Backend] = PerProcess(self._make_backend)
 
     @property
     def backend(self) -> str:
@@ -204,35 +204,26 @@ class Store:
 
     def _backend(self) -> Backend:
         """This process's client, made on first use (and again in a forked child)."""
-        made = self._client
-        pid = os.getpid()
-        if made is not None and made[0] == pid:
-            return made[1]
-        with self._lock:
-            made = self._client
-            if made is None or made[0] != pid:
-                kind = self.backend
-                backend: Backend
-                if kind == "local":
-                    backend = LocalBackend(self)
-                elif kind == "obstore":
-                    if obstore_usable():
-                        relay.become_owner(Store)  # before the runtime starts: see `relay`
-                        backend = ObstoreBackend(self)
-                    elif relay.available():
-                        backend = relay.RelayBackend(self)
-                    else:
-                        raise StoreError(
-                            self.url,
-                            "client='obstore' cannot run in a process forked from one that used "
-                            "obstore (its runtime does not survive fork), and this platform has "
-                            "no relay to that process: use client='fsspec', or start worker "
-                            "processes with 'spawn' or 'forkserver'",
-                        )
-                else:
-                    backend = FsspecBackend(self)
-                made = self._client = (pid, backend)
-        return made[1]
+        return self._client.get()
+
+    def _make_backend(self) -> Backend:
+        kind = self.backend
+        if kind == "local":
+            return LocalBackend(self)
+        if kind == "obstore":
+            if obstore_usable():
+                relay.become_owner(Store)  # before the runtime starts: see `relay`
+                return ObstoreBackend(self)
+            if relay.available():
+                return relay.RelayBackend(self)
+            raise StoreError(
+                self.url,
+                "client='obstore' cannot run in a process forked from one that used "
+                "obstore (its runtime does not survive fork), and this platform has "
+                "no relay to that process: use client='fsspec', or start worker "
+                "processes with 'spawn' or 'forkserver'",
+            )
+        return FsspecBackend(self)
 
     def _attempt(self, url: str, op: Callable[[], T]) -> T:
         """Run `op` until it succeeds, retrying transient failures with backoff."""
@@ -383,14 +374,13 @@ class Store:
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_client"] = None
-        state["_lock"] = None
+        state["_client"] = None  # each process makes its own
         state["counters"] = Counters()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self._client = PerProcess(self._make_backend)
 
     def __repr__(self) -> str:
         return f"Store({self.url!r}, client={self.client!r})"

@@ -176,7 +176,7 @@ def write_parquet(
 
 
 @dataclass(frozen=True)
-class _Plan:
+class _WriteSpec:
     url: str
     storage_options: dict[str, Any] | None
     format: str
@@ -221,11 +221,11 @@ def _value_bytes(value: Any) -> int:
 class _PartWriter:
     """Writes one part's samples into numbered shards, uploading each in the background."""
 
-    def __init__(self, plan: _Plan, part: int) -> None:
-        self.plan = plan
+    def __init__(self, spec: _WriteSpec, part: int) -> None:
+        self.spec = spec
         self.part = part
-        self.store = Store(plan.url, storage_options=plan.storage_options)
-        self.suffix = ".tar" if plan.format == "tar" else ".parquet"
+        self.store = Store(spec.url, storage_options=spec.storage_options)
+        self.suffix = ".tar" if spec.format == "tar" else ".parquet"
         self.infos: list[ShardInfo] = []
         self.uploads: list[Future[None]] = []
         self.pool = ThreadPoolExecutor(max_workers=_UPLOADS_IN_FLIGHT, thread_name_prefix="stoker-upload")
@@ -237,29 +237,29 @@ class _PartWriter:
         return f"shard-{self.part:05d}-{len(self.infos):06d}{self.suffix}"
 
     def add(self, number: int, sample: Any) -> None:
-        plan = self.plan
-        values = _as_dict(sample, number, plan.fields)
+        spec = self.spec
+        values = _as_dict(sample, number, spec.fields)
         key = values.pop("__key__", None)
         key = f"{number:09d}" if key is None else str(key)
         try:
-            if plan.format == "tar":
+            if spec.format == "tar":
                 encoded = {}
                 for field, value in values.items():
                     if field.startswith("_"):
                         continue  # metadata, which webdataset's writer leaves out too
-                    encoded[field] = value if plan.encode is None else plan.encode(value, field)
+                    encoded[field] = value if spec.encode is None else spec.encode(value, field)
                 if self.tar is None:
                     self.tar = TarShardWriter(self._name())
                 self.tar.add(key, encoded)
-                if self.tar.size >= plan.shard_bytes:
+                if self.tar.size >= spec.shard_bytes:
                     self._close()
             else:
                 row = {"__key__": key}
                 for field, value in values.items():
-                    row[field] = value if plan.encode is None else plan.encode(value, field)
+                    row[field] = value if spec.encode is None else spec.encode(value, field)
                 self.rows.append(row)
                 self.row_bytes += sum(_value_bytes(v) for v in row.values())
-                if self.row_bytes >= plan.shard_bytes:
+                if self.row_bytes >= spec.shard_bytes:
                     self._close()
         except ValueError as exc:
             raise ValueError(f"sample {number} (key {key!r}): {exc}") from None
@@ -272,7 +272,7 @@ class _PartWriter:
             info = ShardInfo(name, len(data), digest, len(writer), np.asarray(writer.offsets, dtype=np.int64))
         elif self.rows:
             rows, self.rows = self.rows, []
-            per_group = self.plan.row_group_size
+            per_group = self.spec.row_group_size
             if per_group is None:
                 per_group = max(1, len(rows) * _ROW_GROUP_BYTES // max(1, self.row_bytes))
             self.row_bytes = 0
@@ -297,8 +297,8 @@ class _PartWriter:
         return self.infos
 
 
-def _write_part(plan: _Plan, part: int, samples: Iterator[tuple[int, Any]]) -> list[ShardInfo]:
-    writer = _PartWriter(plan, part)
+def _write_part(spec: _WriteSpec, part: int, samples: Iterator[tuple[int, Any]]) -> list[ShardInfo]:
+    writer = _PartWriter(spec, part)
     try:
         for number, sample in samples:
             writer.add(number, sample)
@@ -312,9 +312,9 @@ def _write_part(plan: _Plan, part: int, samples: Iterator[tuple[int, Any]]) -> l
 _FORKED_SOURCE: Any = None
 
 
-def _run_part(plan: _Plan, part: int, lo: int, hi: int, source: Any = None) -> list[ShardInfo]:
+def _run_part(spec: _WriteSpec, part: int, lo: int, hi: int, source: Any = None) -> list[ShardInfo]:
     data = _FORKED_SOURCE if source is None else source
-    return _write_part(plan, part, ((i, data[i]) for i in range(lo, hi)))
+    return _write_part(spec, part, ((i, data[i]) for i in range(lo, hi)))
 
 
 def _context() -> Any:
@@ -416,7 +416,7 @@ def write_shards(
     names, encoder = _check(format, shard_bytes, fields, workers, encode, row_group_size)
     if not isinstance(url, str) or not url:
         raise ValueError(f"url should be a non-empty string, but got url={url!r}")
-    plan = _Plan(url, dict(storage_options or {}) or None, format, shard_bytes, names, encoder, row_group_size)
+    spec = _WriteSpec(url, dict(storage_options or {}) or None, format, shard_bytes, names, encoder, row_group_size)
     map_style = hasattr(source, "__len__") and hasattr(source, "__getitem__") and not isinstance(source, Mapping)
     if not map_style and not isinstance(source, Iterable):
         raise ValueError(
@@ -427,11 +427,11 @@ def write_shards(
         n = len(source)
         parts = min(workers or min(_cores(), 8), n)
         if parts <= 1:
-            infos = _write_part(plan, 0, ((i, source[i]) for i in range(n)))
+            infos = _write_part(spec, 0, ((i, source[i]) for i in range(n)))
         else:
-            infos = _write_parallel(plan, source, n, parts)
+            infos = _write_parallel(spec, source, n, parts)
     else:
-        infos = _write_part(plan, 0, enumerate(source))
+        infos = _write_part(spec, 0, enumerate(source))
     if not infos:
         raise ValueError("source is empty: there is nothing to write")
     index = Index(format, sorted(infos, key=lambda s: s.name))
@@ -439,7 +439,7 @@ def write_shards(
     return index
 
 
-def _write_parallel(plan: _Plan, source: Any, n: int, parts: int) -> list[ShardInfo]:
+def _write_parallel(spec: _WriteSpec, source: Any, n: int, parts: int) -> list[ShardInfo]:
     global _FORKED_SOURCE
     context = _context()
     forked = context.get_start_method() == "fork"
@@ -449,7 +449,7 @@ def _write_parallel(plan: _Plan, source: Any, n: int, parts: int) -> list[ShardI
     try:
         with ProcessPoolExecutor(max_workers=parts, mp_context=context) as pool:
             jobs = [
-                pool.submit(_run_part, plan, p, bounds[p], bounds[p + 1], None if forked else source)
+                pool.submit(_run_part, spec, p, bounds[p], bounds[p + 1], None if forked else source)
                 for p in range(parts)
             ]
             infos = []
