@@ -47,6 +47,7 @@ from typing import Any, Protocol
 
 from . import math_threads
 from .arena import Arena, ArenaLink, arena_limit
+from .datapipes import distributed_share, seed_pipe, shard_pipe
 from .errors import ExceptionInfo
 from .fetch import EndOfStream
 from .forksafe import adopt
@@ -115,8 +116,10 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-def make_engine(plan: LoadPlan, base_seed: int) -> Engine:
-    """The engine for a plan: inline, threads or processes, with its workers' configs."""
+def make_engine(plan: LoadPlan, base_seed: int, pipe_seed: int | None = None) -> Engine:
+    """The engine for a plan: inline, threads or processes, with its workers' configs;
+    `pipe_seed`: a torch IterDataPipe's shared seed, which each worker seeds and shards its
+    copy with (see datapipes)."""
 
     saved = (plan.resume or {}).get("iterable") or {}
     replicas = [None if r is None else (r[0], int(r[1])) for r in saved.get("replicas", [])]
@@ -140,6 +143,7 @@ def make_engine(plan: LoadPlan, base_seed: int) -> Engine:
                 rank=plan.ranks[0],
                 world_size=plan.ranks[1],
                 local_rank=plan.ranks[2],
+                pipe_seed=pipe_seed,
             )
             for worker_id in range(count)
         ]
@@ -176,6 +180,10 @@ class SerialEngine(_NoRestart):
     num_workers = 1
 
     def __init__(self, config: WorkerConfig) -> None:
+        if config.pipe_seed is not None:  # the caller's own pipe: its share of the training ranks'
+            seed_pipe(config.dataset, config.pipe_seed)
+            shard_pipe(config.dataset, *distributed_share())
+        self._dataset = config.dataset
         self._fetcher = fetcher_for(config)
         self._rank = config.rank
         self._timed = config.timed
@@ -196,6 +204,8 @@ class SerialEngine(_NoRestart):
         while self._queue:
             message = self._queue.popleft()
             if isinstance(message, Reset):
+                if message.pipe_seed is not None:
+                    seed_pipe(self._dataset, message.pipe_seed)
                 self._fetcher.reset()
                 continue
             assert isinstance(message, Task)

@@ -43,11 +43,12 @@ from typing import Any, Generic, TypeVar
 from . import forksafe, hostpin
 from .ahead import MOST_AHEAD, drawing_ahead, upcoming_hook
 from .auto import Head
+from .datapipes import is_iter_datapipe, seed_pipe
 from .engines import Death, Engine, ProcessEngine, make_engine
 from .errors import ExceptionInfo, WorkerDiedError, WorkerRestartWarning, describe_index
 from .pin import PinThread, device_setup, pin_function
 from .plan import LoadPlan
-from .protocol import Done, Failed, ReplicaBatch, Task
+from .protocol import Done, Failed, ReplicaBatch, Reset, Task
 from .resume import Progress, capture_epoch, open_epoch, recording, stateful_user_sampler
 from .scheduler import Owed, Scheduler
 from .stats import EpochBar, LoaderStats, Recorder, clock
@@ -73,7 +74,12 @@ class LoaderIterator(Generic[T]):
         )
         self._replica_of: dict[int, tuple[int, list[Any]]] = {}  # task -> (worker, [state, drawn])
         self._origins = self._progress.origins  # epoch -> what replays its draws
+        # a torch IterDataPipe: the shared seed of the epoch the workers start (or reset) with
+        self._pipe = plan.iterable and is_iter_datapipe(plan.dataset)
+        self._pipe_seed: int | None = None
         first_source, self._base_seed = self._open_first_epoch()
+        if self._pipe and self._pipe_seed is None:  # resumed: a seed of its own
+            self._pipe_seed = int(plan.seed_source.seed64())
         self._progress.base_seed = self._base_seed
         self._broken: BaseException | None = None
         self._yielded = 0
@@ -94,7 +100,7 @@ class LoaderIterator(Generic[T]):
         self._unpinned: set[int] = set()  # tasks handed to the pin thread
         self._in_place: set[int] = set()  # tasks born pinned, not handed to it
         self._head = Head(plan.auto) if plan.auto is not None else None
-        self._engine: Engine = make_engine(plan, self._base_seed)
+        self._engine: Engine = make_engine(plan, self._base_seed, self._pipe_seed)
         # one Recorder for the iterator's life, counting each epoch afresh (see _begin_stats)
         self._recorder = (
             Recorder(plan.first_epoch, plan.num_workers, plan.prefetch_factor, plan.threads, [], plan.choice)
@@ -104,6 +110,10 @@ class LoaderIterator(Generic[T]):
         self._running = _Running(self._engine, None)  # what the finalizer stops
         self._close = forksafe.finalize(self, _shut_down, self._running, self._progress, self._recorder)
         self._engine.start()
+        if self._pipe and plan.num_workers > 0:
+            # torch draws one more shared seed as it primes its workers, for the main
+            # process's copy: drawn here too, so that the generator goes on as torch's does
+            self._new_pipe_seed()
         self._start_pinning()  # after the workers fork, as torch: no stoker thread is forked
         iterable_index: dict[str, Any] = {}
         if plan.iterable:
@@ -136,6 +146,8 @@ class LoaderIterator(Generic[T]):
                 assert base is not None
                 return None, int(base)
             self._origins[plan.first_epoch] = capture_epoch(None, plan.seed_source, draws_seed=True)
+            if self._pipe:  # torch draws the pipe's shared seed before the base seed
+                self._pipe_seed = int(plan.seed_source.seed64())
             return None, int(plan.seed_source.seed64())
         if resume is None:
             self._origins[plan.first_epoch] = capture_epoch(plan.index_sampler, plan.seed_source, draws_seed=True)
@@ -199,6 +211,8 @@ class LoaderIterator(Generic[T]):
         plan = self._plan
         scheduler = self._scheduler
         if plan.iterable:
+            if self._pipe:  # each epoch's Reset carries its shared seed (see _pump)
+                self._new_pipe_seed()
             scheduler.begin_epoch(None, reset_workers=True)
             return
         number = scheduler.next_epoch_number
@@ -359,7 +373,15 @@ class LoaderIterator(Generic[T]):
             self._begin_epoch()
         engine = self._engine
         for worker_id, message in scheduler.dispatch():
+            if self._pipe and isinstance(message, Reset):
+                message = Reset(self._pipe_seed)
             engine.send(worker_id, message)
+
+    def _new_pipe_seed(self) -> None:
+        """Draw a torch IterDataPipe's next shared seed, and seed the main process's copy
+        with it, as torch's loader does at each epoch (see datapipes)."""
+        self._pipe_seed = int(self._plan.seed_source.seed64())
+        seed_pipe(self._plan.dataset, self._pipe_seed)
 
     def _wait(self, deadline: float | None) -> None:
         engine = self._engine

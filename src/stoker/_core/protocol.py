@@ -8,8 +8,9 @@ Every message is one of the frozen dataclasses below; nothing else crosses the b
  ─────────────                                  ──────────────────────────
    Task(task_id, index,  ───────────────────▶   fetch + collate (into `slot`, see arena)
         slot)
-   Reset()               ───────────────────▶   next epoch: a fresh iterator over the
-                                                  iterable dataset replica
+   Reset(pipe_seed)      ───────────────────▶   next epoch: a fresh iterator over the
+                                                  iterable dataset replica (a DataPipe
+                                                  reseeded first)
    Stop()                ───────────────────▶   exit the loop
                          ◀───────────────────   Done(task_id, payload, work)
                          ◀───────────────────   Failed(task_id, error)
@@ -92,6 +93,8 @@ class Task(Compact):
 @dataclass(frozen=True)
 class Reset:
     """Start a new epoch on a persistent worker (iterable datasets re-iterate)."""
+
+    pipe_seed: int | None = None  # a torch IterDataPipe's shared seed for the epoch (see datapipes)
 
 
 @dataclass(frozen=True)

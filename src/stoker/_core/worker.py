@@ -11,6 +11,7 @@ writing a task while the worker is busy writing a large reply.
 
 from __future__ import annotations
 
+import copy
 import os
 import queue
 import random
@@ -26,6 +27,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from .._data.torch_collate import defer_tensors
+from .datapipes import prepare_worker_copy, seed_pipe
 from .errors import ExceptionInfo, describe_index
 from .fetch import EndOfStream, IterableFetcher, MapFetcher, make_fetcher
 from .math_threads import limit_worker_pools
@@ -260,6 +262,7 @@ class WorkerConfig:
     rank: int = 0  # the training rank's, with world_size and local_rank (see WorkerInfo)
     world_size: int = 1
     local_rank: int | None = None
+    pipe_seed: int | None = None  # a torch IterDataPipe: its first epoch's shared seed (see datapipes)
 
     @property
     def seed(self) -> int:
@@ -339,6 +342,10 @@ def run_worker(
     With `config.timed`, each Done carries the batch's timing (see stats).
     """
     global _process_info
+    if config.pipe_seed is not None and config.thread:
+        # thread workers share the process: each seeds and shards a copy of its own, as each
+        # process worker does
+        config = replace(config, dataset=copy.deepcopy(config.dataset))
     info: WorkerInfo[Any] = WorkerInfo(
         id=config.worker_id,
         num_workers=config.num_workers,
@@ -368,6 +375,8 @@ def run_worker(
     try:
         if not config.thread:
             seed_globals(config.base_seed, config.worker_id, config.rank, config.num_workers)
+        if config.pipe_seed is not None:
+            prepare_worker_copy(config.dataset, config.pipe_seed, config.worker_id, config.num_workers)
         if config.worker_init_fn is not None:
             config.worker_init_fn(config.worker_id)
     except Exception as exc:
@@ -382,6 +391,8 @@ def run_worker(
             if isinstance(message, Stop):
                 return
             if isinstance(message, Reset):
+                if message.pipe_seed is not None and init_error is None:
+                    seed_pipe(config.dataset, message.pipe_seed)
                 fetcher.reset()
                 continue
             assert isinstance(message, Task)

@@ -1,0 +1,72 @@
+"""torch DataPipes, read as torch's DataLoader reads them.
+
+An `IterDataPipe` (`torch.utils.data.datapipes`) is a graph of iterable stages. Two of its
+stages take their settings from the loader, not from the user:
+
+- a random stage (`.shuffle()`, anything with `set_shuffle` and `set_seed`) is given a seed
+  at the start of every epoch. The loader draws one *shared seed* per epoch from its
+  `generator` (torch's global RNG without one), exactly as it draws the workers' base seed,
+  and every copy of the pipe (the main process's with num_workers=0, each worker's) seeds its
+  random stages from a `torch.Generator` seeded with it. So every worker shuffles alike;
+- a `sharding_filter()` keeps, in each copy, the items of that copy's share: worker `w` of
+  `n` on training rank `r` of `world` keeps share `w * world + r` of `n * world`; with
+  num_workers=0, share `r` of `world`. torch.distributed's rank and world size count when it
+  is initialised, as in torch; otherwise the share is the whole.
+
+The order of the draws from the loader's randomness is torch's: an iterator draws the shared
+seed of its first epoch, then the base seed, and, with workers, one more shared seed that
+torch draws when it primes the workers (and applies to the main process's copy); each later
+epoch of persistent workers draws one shared seed, sent to the workers with the epoch's
+`Reset`. So for the same `torch.manual_seed` (or generator) the items come in torch's order.
+
+Nothing here imports torch: a dataset is a DataPipe only if torch's data package is already
+loaded (it defines the class the dataset is an instance of).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+
+def is_iter_datapipe(dataset: Any) -> bool:
+    """Whether `dataset` is a torch `IterDataPipe` (False when torch's data package is not
+    loaded: then nothing can be one)."""
+    data = sys.modules.get("torch.utils.data")
+    pipe_class = getattr(data, "IterDataPipe", None)
+    return pipe_class is not None and isinstance(dataset, pipe_class)
+
+
+def seed_pipe(dataset: Any, shared_seed: int) -> None:
+    """Give each random stage of the pipe its seed for the next epoch, drawn from a
+    `torch.Generator` seeded with `shared_seed` (the same in every copy of the pipe)."""
+    import torch
+    from torch.utils.data import graph_settings
+
+    rng = torch.Generator()
+    rng.manual_seed(shared_seed)
+    graph_settings.apply_random_seed(dataset, rng)
+
+
+def shard_pipe(dataset: Any, shares: int, share: int) -> None:
+    """Make the pipe's `sharding_filter` keep share `share` of `shares`."""
+    from torch.utils.data import graph_settings
+
+    graph_settings.apply_sharding(dataset, shares, share)
+
+
+def distributed_share() -> tuple[int, int]:
+    """(world size, rank) of torch.distributed when it is initialised, else (1, 0): what a
+    DataPipe is sharded by across training ranks, as torch's loader shards it."""
+    dist: Any = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return int(dist.get_world_size()), int(dist.get_rank())
+    return 1, 0
+
+
+def prepare_worker_copy(dataset: Any, shared_seed: int, worker_id: int, num_workers: int) -> None:
+    """Seed and shard a worker's copy of the pipe before its first epoch: worker `worker_id`
+    of `num_workers` keeps its share of the items of its training rank."""
+    world, rank = distributed_share()
+    seed_pipe(dataset, shared_seed)
+    shard_pipe(dataset, num_workers * world, worker_id * world + rank)
