@@ -271,8 +271,11 @@ def test_a_failed_registration_falls_back_to_the_pin_thread_with_one_warning(
     with pytest.warns(RuntimeWarning, match="could not pin its shared-memory arena in place") as caught:
         check_batches(loader, 96)
         check_batches(loader, 96)
-    assert len([w for w in caught if "could not pin" in str(w.message)]) == 1
-    assert "locked-memory limit" in str(caught[0].message)
+    # only the warning this test owns: others (Python 3.12's DeprecationWarning at a fork of a
+    # process with threads, CUDA's) may be recorded beside it
+    ours = [w for w in caught if issubclass(w.category, RuntimeWarning) and "could not pin" in str(w.message)]
+    assert len(ours) == 1
+    assert "locked-memory limit" in str(ours[0].message)
     assert pin_calls  # batches in unregistered slots were pinned by the pin step
     assert len(double.registered) == 1
     del loader

@@ -83,7 +83,8 @@ def test_a_state_dict_that_needs_arguments_is_the_datasets_own(engine: str) -> N
     workers = 0 if engine == "inline" else 2
     expected = _batches(tud.DataLoader(CountsAsked(), batch_size=3, num_workers=workers))
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no warning per batch, nor any other
+        warnings.simplefilter("error", UserWarning)  # no warning of stoker's, per batch or other
+        warnings.simplefilter("error", RuntimeWarning)  # stoker's categories: not the others'
         loader = _loader(st, CountsAsked(), engine)
         got = _batches(loader)
         plain = _batches(_loader(stoker, CountsAsked(), engine))
@@ -114,7 +115,8 @@ def test_a_state_that_cannot_be_saved_leaves_the_epoch_whole_and_says_why(
     engine: str, dataset: type, reason: str
 ) -> None:
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error", UserWarning)
+        warnings.simplefilter("error", RuntimeWarning)  # stoker's categories: not the others'
         loader = _loader(stoker, dataset(), engine)
         iterator = iter(loader)
         first = next(iterator)

@@ -224,7 +224,8 @@ def test_iterable_len_estimate_and_warning_when_exceeded() -> None:
     assert [b.tolist() for b in batches] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
     assert len(DataLoader(Count(10), batch_size=3, drop_last=True)) == 3
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error", UserWarning)
+        warnings.simplefilter("error", RuntimeWarning)  # stoker's categories: not the others'
         assert len(list(DataLoader(Count(10), batch_size=3, drop_last=True))) == 3
 
 
