@@ -54,6 +54,14 @@ class Busy(Dataset):
         return np.array([i, draw], np.int64)
 
 
+@pytest.fixture(autouse=True)
+def _no_probe_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe budget is the one wall-clock bound on the head: on a busy machine a preempted
+    batch could end it early. Without it the head is PROBE_BATCHES of these 16 ms batches (their
+    total passes PROBE_MIN_S), or the whole of a shorter epoch, whatever the machine's load."""
+    monkeypatch.setattr(auto, "PROBE_BUDGET_S", float("inf"))
+
+
 def batches(loader: DataLoader) -> list[list[int]]:
     return [b.tolist() for b in loader]
 
@@ -82,7 +90,9 @@ def test_the_epoch_moves_to_workers_without_fetching_twice(context: str) -> None
     # not chosen yet, and the head runs inline; the attribute reads the count "auto" starts from
     assert loader.stats().choice is None and loader.stats().num_workers == 0
     assert loader.num_workers == auto.start_workers(usable_cpus() or 1)
-    got = [next(iterator).tolist() for _ in range(auto.PROBE_BATCHES)]
+    got = [next(iterator).tolist() for _ in range(auto.PROBE_BATCHES - 1)]
+    assert loader.stats().choice is None
+    got.append(next(iterator).tolist())
     assert loader.stats().choice is not None and loader.num_workers >= 1  # chosen after the head
     got += [b.tolist() for b in iterator]
     stats = loader.stats()
