@@ -173,17 +173,35 @@ def _rates(tokens: int, rows: int, full: int, seq_len: int) -> tuple[float, int,
     return tokens / (rows * seq_len), rows, ((tokens - full * seq_len) / (rest * seq_len) if rest else 1.0)
 
 
+def packed_windows(lengths: np.ndarray, window: int, seq_len: int, method: Any, unit: str) -> list[list[Any]]:
+    """Every window's rows of a finite sequence of documents, packed by stoker's pure core as
+    `PackedDataset` packs them: windows of `window` documents, or windows of `window` rows
+    whose unplaced pieces are carried on (until the documents and carried pieces are placed)."""
+    from stoker._mix.pack_rows import pack_rows_window, pack_window, piece_tokens
+
+    if unit != "rows":
+        return [pack_window(lengths[s : s + window], seq_len, method) for s in range(0, len(lengths), window)]
+    cum = np.concatenate([[0], np.cumsum(piece_tokens(lengths, seq_len))])
+    out: list[list[Any]] = []
+    carry: list[Any] = []
+    a = 0
+    while a < len(lengths) or carry:
+        need = window * seq_len - sum(e - s for _, s, e in carry)
+        b = a if need <= 0 else min(int(np.searchsorted(cum, cum[a] + need, side="left")), len(lengths))
+        rows, carry = pack_rows_window(carry, lengths[a:b], a, window, seq_len, method)
+        out.append(rows)
+        a = b
+    return out
+
+
 def stoker_utilisation(
     lengths: np.ndarray, seq_len: int, window: int, method: str, unit: str = "documents"
 ) -> tuple[float, int, float]:
     """stoker's packer over `lengths` with windows of `window` documents or rows (`unit`)."""
-    from stoker._mix.pack_rows import plan_row_windows, plan_windows
-
-    plan = plan_row_windows if unit == "rows" else plan_windows
-    plans = plan(lengths, window, seq_len, method, "split")  # type: ignore[arg-type]
-    rows = sum(len(p) for p in plans)
-    tokens = sum(e - s for plan in plans for row in plan for _, s, e in row)
-    full = sum(1 for plan in plans for row in plan if len(row) == 1 and row[0][2] - row[0][1] == seq_len)
+    windows = packed_windows(lengths, window, seq_len, method, unit)
+    rows = sum(len(w) for w in windows)
+    tokens = sum(e - s for w in windows for row in w for _, s, e in row)
+    full = sum(1 for w in windows for row in w if len(row) == 1 and row[0][2] - row[0][1] == seq_len)
     return _rates(tokens, rows, full, seq_len)
 
 

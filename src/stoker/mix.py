@@ -15,9 +15,11 @@ Lightning, accelerate and the Hugging Face Trainer keep it as each rank's share.
                         collate_fn=collate_packed, num_workers=4)
 """
 
+from ._mix.errors import DocumentError
 from ._mix.mix_dataset import MixedDataset
-from ._mix.pack_dataset import PackedDataset, StreamSampler, collate_packed
-from ._mix.tokens import DocumentError, TokenDataset
+from ._mix.pack_dataset import PackedDataset, collate_packed
+from ._mix.stream_sampler import StreamSampler
+from ._mix.tokens import TokenDataset
 
 __all__ = [
     "DocumentError",

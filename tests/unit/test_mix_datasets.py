@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import stoker
+from stoker._base.hooks import upcoming_of
 from stoker.mix import (
     DocumentError,
     MixedDataset,
@@ -45,11 +46,11 @@ def test_token_dataset_holds_documents_as_views_with_lengths() -> None:
 
 
 def test_token_dataset_bad_input_names_the_argument() -> None:
-    with pytest.raises(TypeError, match="tokens must be a 1-D integer numpy array"):
+    with pytest.raises(TypeError, match="tokens should be a 1-D integer numpy array, but got an array of shape"):
         TokenDataset(np.zeros(3, np.float32), np.array([0, 3]))
-    with pytest.raises(ValueError, match="offsets must start at 0 and end at len"):
+    with pytest.raises(ValueError, match=r"offsets should start at 0 and end at len\(tokens\) = 4, but got 0 \.\.\. 3"):
         TokenDataset(np.arange(4), np.array([0, 3]))
-    with pytest.raises(ValueError, match="offsets decrease at entry 2"):
+    with pytest.raises(ValueError, match="offsets should not decrease, but got a decrease at entry 2"):
         TokenDataset(np.arange(4), np.array([0, 3, 2, 4]))
     with pytest.raises(DocumentError, match="document 1 has shape"):
         TokenDataset.from_documents([np.arange(3), np.zeros((2, 2), np.int64)])
@@ -132,39 +133,47 @@ def test_exhausted_modes_end_epochs_and_start_new_mixes() -> None:
 
 
 @pytest.mark.parametrize(
-    ("weights", "message"),
+    ("weights", "message", "error"),
     [
-        ([1, -1, 1], r"weights\[1\] is negative"),
-        ([0, 0, 0], "weights are all zero"),
-        ([1, 1], "weights has 2 entries but there are 3 sources"),
-        ([1, float("nan"), 1], r"weights\[1\] is not finite"),
-        ([1, "x", 1], r"weights\[1\] is not a number"),
-        ([(0, [1, 1, 1]), (0, [1, 2, 1])], "starts must be 0 then strictly increasing"),
-        ([(0, [1, 1, 1]), (10, [1, 1])], "weights has 2 entries but there are 3 sources"),
+        ([1, -1, 1], r"weights\[1\] should be >= 0, but got -1", ValueError),
+        ([0, 0, 0], "weights should have a positive entry, but got all zero", ValueError),
+        ([1, 1], r"weights should have one entry per source \(3\), but got 2 entries", ValueError),
+        ([1, float("nan"), 1], r"weights\[1\] should be finite, but got nan", ValueError),
+        ([1, "x", 1], r"weights\[1\] should be a number, but got 'x'", TypeError),
+        ([(0, [1, 1, 1]), (0, [1, 2, 1])], r"starts should be 0 then strictly increasing, but got \[0, 0\]", ValueError),
+        ([(0, [1, 1, 1]), (10, [1, 1])], r"weights should have one entry per source \(3\), but got 2 entries", ValueError),
     ],
 )
-def test_bad_weights_are_refused_naming_them(weights: list[object], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+def test_bad_weights_are_refused_naming_them(weights: list[object], message: str, error: type[Exception]) -> None:
+    with pytest.raises(error, match=message):
         MixedDataset(corpus(), weights)
 
 
 def test_bad_mix_arguments_are_refused() -> None:
     srcs = corpus()
-    with pytest.raises(ValueError, match="weigh must be one of"):
+    with pytest.raises(ValueError, match=r"weigh should be one of \('documents', 'tokens'\), but got weigh='bytes'"):
         MixedDataset(srcs, [1, 1, 1], weigh="bytes")
-    with pytest.raises(ValueError, match="exhausted must be one of"):
+    with pytest.raises(ValueError, match=r"exhausted should be one of .*, but got exhausted='loop'"):
         MixedDataset(srcs, [1, 1, 1], exhausted="loop")
-    with pytest.raises(ValueError, match="seed must be an int >= 0"):
+    with pytest.raises(ValueError, match="seed should be an int >= 0, but got seed=-1"):
         MixedDataset(srcs, [1, 1, 1], seed=-1)
-    with pytest.raises(ValueError, match="sources must be a non-empty list"):
+    with pytest.raises(TypeError, match="seed should be an int, but got float"):
+        MixedDataset(srcs, [1, 1, 1], seed=1.5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="sources should be a non-empty list of datasets, but got an empty one"):
         MixedDataset([], [])
-    with pytest.raises(TypeError, match=r"sources\[1\] is a int"):
+    with pytest.raises(TypeError, match="sources should be a list of datasets, but got a str"):
+        MixedDataset("abc", [1, 1, 1])
+    with pytest.raises(TypeError, match=r"sources\[1\] should be a map-style dataset .*, but got int"):
         MixedDataset([srcs[0], 5], [1, 1])
+    with pytest.raises(TypeError, match="window_shards should be an int, but got str"):
+        MixedDataset(srcs, [1, 1, 1], window_shards="4")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="window_shards should be an int >= 1, but got window_shards=0"):
+        MixedDataset(srcs, [1, 1, 1], window_shards=0)
     with pytest.raises(ValueError, match="source 1 is empty but has a positive weight"):
         MixedDataset([srcs[0], TokenDataset.from_documents([])], [1, 1])
-    with pytest.raises(ValueError, match="length 999 is longer than the mix"):
+    with pytest.raises(ValueError, match=r"length should be at most the mix's \d+ positions, but got length=999"):
         MixedDataset(srcs, [1, 1, 1], exhausted="end", length=999)
-    with pytest.raises(ValueError, match="tokens has 2 entries but there are 3 sources"):
+    with pytest.raises(ValueError, match=r"tokens should have one entry per source \(3\), but got 2 entries"):
         MixedDataset(srcs, [1, 1, 1], weigh="tokens", tokens=[5, 5])
     with pytest.raises(IndexError, match="position -1 is negative"):
         MixedDataset(srcs, [1, 1, 1])[-1]
@@ -267,17 +276,19 @@ def test_a_bad_document_names_its_source_and_index_when_packed() -> None:
 
 def test_packed_arguments_are_checked() -> None:
     docs = corpus((10,))[0]
-    with pytest.raises(TypeError, match="seq_len must be an int"):
+    with pytest.raises(TypeError, match="seq_len should be an int, but got float"):
         PackedDataset(docs, seq_len=2.5)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="seq_len must be >= 1"):
+    with pytest.raises(ValueError, match="seq_len should be >= 1, but got 0"):
         PackedDataset(docs, seq_len=0)
-    with pytest.raises(ValueError, match=r"window_size \(K\) must be >= 1"):
+    with pytest.raises(ValueError, match=r"window_size \(K\) should be >= 1, but got 0"):
         PackedDataset(docs, seq_len=8, window_size=0)
-    with pytest.raises(ValueError, match="method must be one of"):
+    with pytest.raises(ValueError, match=r"method should be one of .*, but got method='worst_fit'"):
         PackedDataset(docs, seq_len=8, method="worst_fit")
-    with pytest.raises(ValueError, match="long must be one of"):
+    with pytest.raises(ValueError, match=r"long should be one of .*, but got long='truncate'"):
         PackedDataset(docs, seq_len=8, long="truncate")
-    with pytest.raises(ValueError, match="rows_per_epoch must be >= 1"):
+    with pytest.raises(TypeError, match="field should be a str or None, but got int"):
+        PackedDataset(docs, seq_len=8, field=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="rows_per_epoch should be >= 1, but got 0"):
         PackedDataset(docs, seq_len=8, rows_per_epoch=0)
     with pytest.raises(ValueError, match="no documents"):
         PackedDataset(TokenDataset.from_documents([]), seq_len=8, rows_per_epoch=3)
@@ -460,7 +471,7 @@ def test_hugging_face_rows_are_documents_through_field() -> None:
     assert len(packed) == len(plain)
     for g in range(len(packed)):
         assert np.array_equal(packed[g]["input_ids"], plain[g]["input_ids"])
-    with pytest.raises(ValueError, match="field 'ids' differs from the mix's field 'input_ids'"):
+    with pytest.raises(ValueError, match="field should be the mix's field 'input_ids' or None, but got field='ids'"):
         PackedDataset(mix, seq_len=128, field="ids")
     with pytest.raises(DocumentError, match=r"document 0 of dataset is a dict without the field 'ids' \(keys \['input_ids', 'text'\]\)"):
         PackedDataset(hf[0], seq_len=128, field="ids")
@@ -469,7 +480,7 @@ def test_hugging_face_rows_are_documents_through_field() -> None:
 
 
 class _Planning(TokenDataset):
-    """A source that follows the plan protocol: it records what it is told."""
+    """A source that plans ahead (`stoker_upcoming`): it records what it is told."""
 
     def __init__(self, source: TokenDataset) -> None:
         super().__init__(source.tokens, source.offsets)
@@ -480,15 +491,27 @@ class _Planning(TokenDataset):
         return True
 
 
-def test_the_plan_protocol_reaches_the_sources_that_follow_it() -> None:
+class _MyMix(MixedDataset):
+    """A user's subclass of MixedDataset."""
+
+
+class _MyPacked(PackedDataset):
+    """A user's subclass of PackedDataset."""
+
+
+def test_upcoming_batches_reach_the_sources_that_plan_ahead() -> None:
     srcs = corpus()
     planning = _Planning(srcs[1])
     plain = MixedDataset(srcs, [0.5, 0.3, 0.2])
-    assert not hasattr(type(plain), "stoker_upcoming")  # no source plans: nor does the mix
-    assert not hasattr(type(PackedDataset(plain, seq_len=512, window_size=64)), "stoker_upcoming")
+    assert upcoming_of(plain) is None  # no source plans ahead: nor does the mix
+    assert upcoming_of(PackedDataset(plain, seq_len=512, window_size=64)) is None
     mix = MixedDataset([srcs[0], planning, srcs[2]], [0.5, 0.3, 0.2])
     rows = PackedDataset(mix, seq_len=512, window_size=64)
-    assert hasattr(type(mix), "stoker_upcoming") and hasattr(type(rows), "stoker_upcoming")
+    assert type(mix) is MixedDataset and type(rows) is PackedDataset  # no class is swapped
+    assert upcoming_of(mix) is not None and upcoming_of(rows) is not None
+    # a user's subclasses ask their instances as the classes do
+    assert upcoming_of(_MyMix(srcs, [0.5, 0.3, 0.2])) is None
+    assert upcoming_of(_MyPacked(_MyMix([srcs[0], planning, srcs[2]], [0.5, 0.3, 0.2]), seq_len=512)) is not None
     loader = stoker.DataLoader(rows, batch_size=4, sampler=StreamSampler(rows), collate_fn=collate_packed)
     assert sum(1 for _ in loader) == -(-len(rows) // 4)
     # told, in order, each of its samples that the epoch's rows hold (first mention of each)

@@ -165,10 +165,11 @@ def test_stop_renormalises():
 
 
 def test_bad_weights():
-    for bad, words in [([1, -1], "negative"), ([0, 0], "all zero"), ([1], "2 sources"),
-                       ([1, 2, 3], "2 sources"), ([1, float("nan")], "not finite"),
-                       ([1, "x"], "not a number")]:
-        with pytest.raises(ValueError, match="weights") as info:
+    for bad, words, error in [([1, -1], "should be >= 0", ValueError), ([0, 0], "all zero", ValueError),
+                              ([1], "per source (2)", ValueError), ([1, 2, 3], "per source (2)", ValueError),
+                              ([1, float("nan")], "should be finite", ValueError),
+                              ([1, "x"], "should be a number", TypeError)]:
+        with pytest.raises(error, match="weights") as info:
             WeightedMix([5, 5], bad)
         assert words in str(info.value)
     with pytest.raises(ValueError, match="mode"):

@@ -1,5 +1,5 @@
 """Sequence packing (`_mix/pack_rows.py`): every token lands exactly once, rows never
-overflow, only over-long documents are split (or dropped), plans are deterministic,
+overflow, only over-long documents are split (or dropped), packings are deterministic,
 best-fit packs at least as tightly as greedy, and `build_row`'s fields agree; windows
 measured in rows make K rows each and carry what does not fit to the next window, oldest
 first; a `PackedDataset` of rows windows is the same stream in any access order, process,
@@ -20,13 +20,13 @@ from hypothesis import strategies as st
 import stoker
 from stoker._mix.pack_rows import (
     build_row,
-    pack,
+    check_doc,
+    check_options,
+    check_seq_len,
+    check_window_size,
+    pack_rows_window,
+    pack_window,
     piece_tokens,
-    plan_row_windows,
-    plan_rows_window,
-    plan_window,
-    plan_windows,
-    utilisation,
     window_take,
 )
 from stoker.mix import MixedDataset, PackedDataset, StreamSampler, TokenDataset, collate_packed
@@ -34,12 +34,56 @@ from stoker.mix import MixedDataset, PackedDataset, StreamSampler, TokenDataset,
 METHODS = ["greedy", "best_fit"]
 
 
+# -- whole sequences packed at once: what the tests compare PackedDataset and the rows chain with
+
+
+def pack_windows(lengths, window_size, seq_len, method="best_fit", long="split"):
+    """`pack_window` for each window of `window_size` consecutive documents (pieces indexed
+    within their window)."""
+    arr = np.asarray(lengths, dtype=np.int64)
+    window_size = check_window_size(window_size)
+    return [pack_window(arr[s : s + window_size], seq_len, method, long) for s in range(0, len(arr), window_size)]
+
+
+def pack_row_windows(lengths, window_size, seq_len, method="best_fit", long="split"):
+    """Every window measured in rows of a finite sequence, until its documents and the
+    carried pieces are all placed (pieces indexed in `lengths`)."""
+    arr = np.asarray(lengths, dtype=np.int64)
+    cum = np.concatenate([[0], np.cumsum(piece_tokens(arr, seq_len, long))])
+    out, carry, a = [], [], 0
+    while a < len(arr) or carry:
+        need = window_size * seq_len - sum(e - s for _, s, e in carry)
+        b = a if need <= 0 else min(int(np.searchsorted(cum, cum[a] + need, side="left")), len(arr))
+        rows, carry = pack_rows_window(carry, arr[a:b], a, window_size, seq_len, method, long)
+        out.append(rows)
+        a = b
+    return out
+
+
+def pack(docs, window_size, seq_len, method="best_fit", long="split", pad_id=0):
+    """Packed rows of `docs` as (window, row, fields), window by window."""
+    window_size, seq_len = check_window_size(window_size), check_seq_len(seq_len)
+    check_options(method, long)
+    for w, s in enumerate(range(0, len(docs), window_size)):
+        window = [check_doc(doc, s + i) for i, doc in enumerate(docs[s : s + window_size])]
+        lengths = np.array([len(doc) for doc in window], dtype=np.int64)
+        for r, row in enumerate(pack_window(lengths, seq_len, method, long)):
+            yield w, r, build_row(window, row, seq_len, pad_id)
+
+
+def utilisation(rows, seq_len):
+    """Real tokens over rows x seq_len; 0.0 for no rows."""
+    if not rows:
+        return 0.0
+    return sum(e - s for row in rows for _, s, e in row) / (len(rows) * seq_len)
+
+
 def make_docs(lengths, seed=0):
     rng = np.random.default_rng(seed)
     return [rng.integers(1, 50_000, size=n, dtype=np.int64) for n in lengths]
 
 
-def check_plan(lengths, rows, seq_len, long):
+def check_packing(lengths, rows, seq_len, long):
     """Every kept document is covered exactly once, in order; rows fit; only long ones split."""
     covered: dict[int, list[tuple[int, int]]] = {}
     for row in rows:
@@ -68,8 +112,8 @@ def test_tokens_exactly_once(method, long):
     seq_len = 128
     lengths = rng.integers(0, 400, size=200)
     docs = make_docs(lengths)
-    rows = plan_window(lengths, seq_len, method, long)
-    check_plan(lengths.tolist(), rows, seq_len, long)
+    rows = pack_window(lengths, seq_len, method, long)
+    check_packing(lengths.tolist(), rows, seq_len, long)
     # the tokens themselves, rebuilt from the built rows
     got: dict[int, list[tuple[int, np.ndarray]]] = {}
     for row in rows:
@@ -88,51 +132,51 @@ def test_tokens_exactly_once(method, long):
 def test_drop_drops_exactly_the_long_ones():
     lengths = np.array([5, 11, 10, 3, 30, 10])
     for method in METHODS:
-        rows = plan_window(lengths, 10, method, "drop")
+        rows = pack_window(lengths, 10, method, "drop")
         kept = sorted(d for row in rows for d, _, _ in row)
         assert kept == [0, 2, 3, 5]
 
 
 def test_split_pieces():
-    rows = plan_window(np.array([25]), 10, "greedy", "split")
+    rows = pack_window(np.array([25]), 10, "greedy", "split")
     assert rows == [[(0, 0, 10)], [(0, 10, 20)], [(0, 20, 25)]]
     # the tail of a split document is packed like a document
-    rows = plan_window(np.array([25, 5]), 10, "greedy", "split")
+    rows = pack_window(np.array([25, 5]), 10, "greedy", "split")
     assert rows == [[(0, 0, 10)], [(0, 10, 20)], [(0, 20, 25), (1, 0, 5)]]
 
 
 def test_greedy_is_first_fit_in_order():
-    rows = plan_window(np.array([6, 6, 4, 3, 1]), 10, "greedy")
+    rows = pack_window(np.array([6, 6, 4, 3, 1]), 10, "greedy")
     assert rows == [[(0, 0, 6), (2, 0, 4)], [(1, 0, 6), (3, 0, 3), (4, 0, 1)]]
 
 
 def test_best_fit_takes_tightest_row():
     # longest first: 7 -> row0 (room 3), 6 -> row1 (room 4), 3 -> row0 (tightest), 4 -> row1
-    rows = plan_window(np.array([3, 6, 4, 7]), 10, "best_fit")
+    rows = pack_window(np.array([3, 6, 4, 7]), 10, "best_fit")
     assert rows == [[(0, 0, 3), (3, 0, 7)], [(1, 0, 6), (2, 0, 4)]]
     # a row with room for exactly one more token still takes it
-    assert plan_window(np.array([9, 1]), 10, "best_fit") == [[(0, 0, 9), (1, 0, 1)]]
+    assert pack_window(np.array([9, 1]), 10, "best_fit") == [[(0, 0, 9), (1, 0, 1)]]
     # greedy on the same input wastes a row
-    assert len(plan_window(np.array([3, 6, 4, 7]), 10, "greedy")) == 3
+    assert len(pack_window(np.array([3, 6, 4, 7]), 10, "greedy")) == 3
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_deterministic(method):
     rng = np.random.default_rng(2)
     lengths = rng.integers(1, 3000, size=500)
-    a = plan_windows(lengths, 64, 2048, method)
-    b = plan_windows(lengths.copy(), 64, 2048, method)
+    a = pack_windows(lengths, 64, 2048, method)
+    b = pack_windows(lengths.copy(), 64, 2048, method)
     assert a == b
     # a window depends on its own documents only
-    assert plan_window(lengths[64:128], 2048, method) == a[1]
+    assert pack_window(lengths[64:128], 2048, method) == a[1]
 
 
 def test_best_fit_beats_greedy():
     seq_len = 2048
     for seed in range(5):
         lengths = np.random.default_rng(seed).integers(10, 2049, size=64 * 20)
-        g = [r for w in plan_windows(lengths, 64, seq_len, "greedy") for r in w]
-        b = [r for w in plan_windows(lengths, 64, seq_len, "best_fit") for r in w]
+        g = [r for w in pack_windows(lengths, 64, seq_len, "greedy") for r in w]
+        b = [r for w in pack_windows(lengths, 64, seq_len, "best_fit") for r in w]
         assert utilisation(b, seq_len) >= utilisation(g, seq_len)
 
 
@@ -140,7 +184,7 @@ def test_best_fit_utilisation_and_speed():
     seq_len, k = 2048, 64
     lengths = np.random.default_rng(0).integers(10, 2049, size=k * 200)
     t = time.perf_counter()
-    windows = plan_windows(lengths, k, seq_len, "best_fit")
+    windows = pack_windows(lengths, k, seq_len, "best_fit")
     dt = time.perf_counter() - t
     u = utilisation([r for w in windows for r in w], seq_len)
     print(
@@ -210,11 +254,11 @@ def test_built_rows_consistent(method):
     method=st.sampled_from(METHODS),
     long=st.sampled_from(["split", "drop"]),
 )
-def test_plan_property(lengths, seq_len, method, long):
+def test_packing_property(lengths, seq_len, method, long):
     arr = np.array(lengths, dtype=np.int64)
-    rows = plan_window(arr, seq_len, method, long)
-    check_plan(lengths, rows, seq_len, long)
-    assert plan_window(arr, seq_len, method, long) == rows
+    rows = pack_window(arr, seq_len, method, long)
+    check_packing(lengths, rows, seq_len, long)
+    assert pack_window(arr, seq_len, method, long) == rows
 
 
 @pytest.mark.parametrize(
@@ -233,7 +277,7 @@ def test_bad_arguments(kwargs, word):
     if "window_size" not in kwargs:
         del args["window_size"]
         with pytest.raises(ValueError, match=word):
-            plan_window(np.array([3]), **args)
+            pack_window(np.array([3]), **args)
 
 
 @pytest.mark.parametrize(
@@ -256,15 +300,15 @@ def test_bad_documents_named(bad, exc):
 
 
 def chain(lengths, rows, seq_len, method="best_fit", long="split"):
-    """`plan_row_windows` step by step: each window's (first new document, plan, carried on)."""
+    """`pack_row_windows` step by step: each window's (first new document, rows, carried on)."""
     arr = np.asarray(lengths, dtype=np.int64)
     tokens = piece_tokens(arr, seq_len, long)
     out, carry, a = [], [], 0
     while a < len(arr) or carry:
         take = window_take(sum(e - s for _, s, e in carry), tokens[a:], rows, seq_len)
         b = len(arr) if take is None else a + take
-        plan, carry = plan_rows_window(carry, arr[a:b], a, rows, seq_len, method, long)
-        out.append((a, take, plan, carry))
+        packed_rows, carry = pack_rows_window(carry, arr[a:b], a, rows, seq_len, method, long)
+        out.append((a, take, packed_rows, carry))
         a = b
     return out
 
@@ -273,14 +317,14 @@ def test_rows_windows_cap_rows_and_carry_what_does_not_fit():
     # first-fit into at most 2 rows: 6 -> r0, 6 -> r1, 6 fits neither and 2 are open: carried;
     # 3 -> r0. The window took all four (18 tokens + 3 >= 2 rows of 10)
     assert window_take(0, np.array([6, 6, 6, 3, 5]), 2, 10) == 4
-    plan, carry = plan_rows_window([], [6, 6, 6, 3], 0, 2, 10, "greedy")
-    assert plan == [[(0, 0, 6), (3, 0, 3)], [(1, 0, 6)]] and carry == [(2, 0, 6)]
+    packed_rows, carry = pack_rows_window([], [6, 6, 6, 3], 0, 2, 10, "greedy")
+    assert packed_rows == [[(0, 0, 6), (3, 0, 3)], [(1, 0, 6)]] and carry == [(2, 0, 6)]
     # best-fit, longest first: 7 -> r0, 6 -> r1, 5 carried, 3 -> r0 (tightest), 2 -> r1
-    plan, carry = plan_rows_window([], [5, 3, 7, 2, 6], 10, 2, 10, "best_fit")
-    assert plan == [[(11, 0, 3), (12, 0, 7)], [(13, 0, 2), (14, 0, 6)]] and carry == [(10, 0, 5)]
+    packed_rows, carry = pack_rows_window([], [5, 3, 7, 2, 6], 10, 2, 10, "best_fit")
+    assert packed_rows == [[(11, 0, 3), (12, 0, 7)], [(13, 0, 2), (14, 0, 6)]] and carry == [(10, 0, 5)]
     # the carried pieces go first, oldest first, before a longer piece of the window's own
-    plan, carry = plan_rows_window([(4, 0, 2), (3, 0, 5)], [9, 4], 20, 1, 10, "best_fit")
-    assert plan == [[(3, 0, 5), (4, 0, 2)]] and carry == [(20, 0, 9), (21, 0, 4)]
+    packed_rows, carry = pack_rows_window([(4, 0, 2), (3, 0, 5)], [9, 4], 20, 1, 10, "best_fit")
+    assert packed_rows == [[(3, 0, 5), (4, 0, 2)]] and carry == [(20, 0, 9), (21, 0, 4)]
     # the carried tokens alone fill the window: it takes no new document
     assert window_take(25, np.array([3]), 2, 10) == 0
     assert window_take(5, np.array([3, 4]), 2, 10) is None  # the caller reads further
@@ -292,13 +336,13 @@ def test_rows_windows_hold_every_token_once(method, long):
     rng = np.random.default_rng(4)
     seq_len, rows = 128, 5
     lengths = rng.integers(0, 400, size=300)
-    windows = plan_row_windows(lengths, rows, seq_len, method, long)
-    check_plan(lengths.tolist(), [r for w in windows for r in w], seq_len, long)
-    assert windows == [plan for _, _, plan, _ in chain(lengths, rows, seq_len, method, long)]
+    windows = pack_row_windows(lengths, rows, seq_len, method, long)
+    check_packing(lengths.tolist(), [r for w in windows for r in w], seq_len, long)
+    assert windows == [packed_rows for _, _, packed_rows, _ in chain(lengths, rows, seq_len, method, long)]
     # a window makes exactly `rows` rows while the documents last (its tokens fill them)
     steps = chain(lengths, rows, seq_len, method, long)
-    assert all(len(plan) == rows for _, take, plan, _ in steps if take is not None)
-    assert all(len(plan) <= rows for _, _, plan, _ in steps)
+    assert all(len(packed_rows) == rows for _, take, packed_rows, _ in steps if take is not None)
+    assert all(len(packed_rows) <= rows for _, _, packed_rows, _ in steps)
 
 
 @settings(max_examples=60, deadline=None)
@@ -310,8 +354,8 @@ def test_rows_windows_hold_every_token_once(method, long):
     long=st.sampled_from(["split", "drop"]),
 )
 def test_rows_windows_property(lengths, seq_len, rows, method, long):
-    windows = plan_row_windows(np.array(lengths, dtype=np.int64), rows, seq_len, method, long)
-    check_plan(lengths, [r for w in windows for r in w], seq_len, long)
+    windows = pack_row_windows(np.array(lengths, dtype=np.int64), rows, seq_len, method, long)
+    check_packing(lengths, [r for w in windows for r in w], seq_len, long)
     assert all(len(w) <= rows for w in windows)
 
 
@@ -322,8 +366,8 @@ def test_a_carried_piece_waits_one_window_when_pieces_are_short(method):
     lengths = np.random.default_rng(5).integers(1, 1025, size=3000)
     steps = chain(lengths, 16, 2048, method)
     took = np.searchsorted([a for a, _, _, _ in steps], np.arange(len(lengths)), side="right") - 1
-    for w, (_, _, plan, _) in enumerate(steps):
-        for row in plan:
+    for w, (_, _, packed_rows, _) in enumerate(steps):
+        for row in packed_rows:
             for d, _, _ in row:
                 assert took[d] in (w, w - 1)
 
@@ -333,12 +377,12 @@ def test_rows_windows_fill_rows_where_document_windows_cannot():
     # window of 64 documents makes a few rows, the last part empty; 64 rows do not
     lengths = np.maximum(1, np.random.default_rng(6).lognormal(np.log(300), 1.6, 20_000)).astype(np.int64)
     for method in METHODS:
-        by_rows = utilisation([r for w in plan_row_windows(lengths, 64, 8192, method) for r in w], 8192)
-        by_docs = utilisation([r for w in plan_windows(lengths, 64, 8192, method) for r in w], 8192)
+        by_rows = utilisation([r for w in pack_row_windows(lengths, 64, 8192, method) for r in w], 8192)
+        by_docs = utilisation([r for w in pack_windows(lengths, 64, 8192, method) for r in w], 8192)
         print(f"{method}: rows windows {by_rows:.4f}, document windows {by_docs:.4f}")
         assert by_rows > by_docs
     # measured 0.9999 (documents: 0.94); the bound is what a regression would break
-    assert utilisation([r for w in plan_row_windows(lengths, 64, 8192) for r in w], 8192) > 0.998
+    assert utilisation([r for w in pack_row_windows(lengths, 64, 8192) for r in w], 8192) > 0.998
 
 
 # -- PackedDataset over rows windows ----------------------------------------------------------
@@ -382,7 +426,7 @@ def test_packed_rows_windows_make_every_row_from_any_start():
         assert all(e - s == 512 for s, e in spans[:-1]), p
     # the table's tokens are the rows' tokens
     for w in range(windows):
-        assert packed._tokens[w] == sum(e - s for row in packed._plan(w) for _, s, e in row)
+        assert packed._tokens[w] == sum(e - s for row in packed._window_rows(w) for _, s, e in row)
     assert packed.utilisation() > 0.99
     # a fresh table reached at random, and a pickled copy, give the same rows
     fresh = PackedDataset(mix, seq_len=512, window_size=8, window_unit="rows", rows_per_epoch=3)

@@ -1,11 +1,13 @@
-"""The plan protocol: a map-style dataset that defines `stoker_upcoming(indices, behind)` is
-told each batch's indices as the loader's sampler draws them, ahead of their dispatch, so it
-can fetch what they need (`stoker.shards.ShardedDataset` downloads their shards).
+"""Drawing ahead: a map-style dataset that plans ahead (`_base/hooks.py`'s `PlansAhead`,
+`stoker_upcoming(indices, behind)`, read through `upcoming_of`) is told each batch's indices
+as the loader's sampler draws them, ahead of their dispatch, so it can fetch what they need
+(`stoker.shards.ShardedDataset` downloads their shards).
 
-The protocol is opt-in by the dataset's class, and costs nothing to a dataset without it: its
-sampler is read exactly as before, one batch at a time when the scheduler dispatches. With it,
-the sampler is drawn ahead while the dataset answers True; what the loader delivers, its
-order and its `state_dict()` (a count of batches delivered) are the same either way.
+The hook is opt-in by the dataset's class (and, through `stoker_plans_ahead`, by the
+instance), and costs nothing to a dataset without it: its sampler is read exactly as before,
+one batch at a time when the scheduler dispatches. With it, the sampler is drawn ahead while
+the dataset answers True; what the loader delivers, its order and its `state_dict()` (a count
+of batches delivered) are the same either way.
 """
 
 from __future__ import annotations
@@ -16,15 +18,6 @@ from typing import Any
 
 # a bound on the batches drawn ahead of dispatch, whatever the dataset answers
 MOST_AHEAD = 4096
-
-
-def upcoming_hook(dataset: Any) -> Any:
-    """The dataset's bound `stoker_upcoming`, when its class defines one; else None. Read from
-    the class, so that a dataset's `__getattr__` (a wrapper forwarding to another object) is
-    never consulted."""
-    if getattr(type(dataset), "stoker_upcoming", None) is None:
-        return None
-    return dataset.stoker_upcoming
 
 
 def drawing_ahead(source: Iterator[Any], hook: Any, window: int) -> Iterator[Any]:

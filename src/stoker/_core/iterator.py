@@ -40,8 +40,9 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
+from .._base.hooks import upcoming_of
 from . import forksafe, hostpin
-from .ahead import MOST_AHEAD, drawing_ahead, upcoming_hook
+from .ahead import MOST_AHEAD, drawing_ahead
 from .auto import Head
 from .datapipes import is_iter_datapipe, seed_pipe
 from .engines import Death, Engine, ProcessEngine, make_engine
@@ -233,7 +234,7 @@ class LoaderIterator(Generic[T]):
         """A user's stateful sampler has its state recorded after each batch is drawn; a
         dataset that follows the plan protocol hears of each batch as it is drawn (ahead)."""
         plan = self._plan
-        hook = upcoming_hook(plan.dataset)
+        hook = upcoming_of(plan.dataset)
         user = stateful_user_sampler(plan.index_sampler)
         if user is not None:
             record = self._progress.user_states.setdefault(epoch, {})

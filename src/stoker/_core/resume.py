@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._base.hooks import DescribesStream, ResumableSampler, SetsEpoch, follows
 from .._data.identity import describe_data, prefixed
 from .._data.rng import RandomSource
 from .._data.samplers import BatchSampler
@@ -33,9 +34,9 @@ _END = object()
 
 
 def why_not_stateful(obj: Any) -> str | None:
-    """Why `obj` does not follow the Stateful protocol stoker documents (torchdata's:
-    `state_dict()` callable with no argument, `load_state_dict(state)` with one), or None
-    when it does. Read from the methods' signatures: a method of that name with another
+    """Why `obj` does not follow the Stateful protocol stoker documents (`_base/hooks.py`'s
+    `Stateful`, torchdata's: `state_dict()` callable with no argument, `load_state_dict(state)`
+    with one), or None when it does. Read from the methods' signatures: a method of that name with another
     signature (litdata's and Mosaic's `state_dict(...)` take the loader's counts) is the
     object's own, and stoker never calls it."""
     for name, arguments in (("state_dict", ()), ("load_state_dict", (None,))):
@@ -240,7 +241,7 @@ def _user_sampler(index_sampler: Any) -> Any:
     """The sampler whose state stoker cannot see into: a user's sampler or batch sampler."""
     inner = _inner(index_sampler)
     target = inner if inner is not None else index_sampler
-    return None if hasattr(target, "_iter_from") else target
+    return None if follows(target, ResumableSampler) else target
 
 
 def capture_epoch(index_sampler: Any, seed_source: RandomSource, draws_seed: bool) -> dict[str, Any]:
@@ -249,7 +250,7 @@ def capture_epoch(index_sampler: Any, seed_source: RandomSource, draws_seed: boo
     if isinstance(index_sampler, BatchSampler):
         sampler["rollover"] = list(index_sampler._leftover)
     for part in (index_sampler, _inner(index_sampler)):
-        if part is not None and hasattr(part, "set_epoch") and hasattr(part, "epoch"):
+        if follows(part, SetsEpoch):
             sampler["epoch"] = int(part.epoch)
     user = stateful_user_sampler(index_sampler)
     if user is not None:
@@ -323,9 +324,8 @@ def _iter_from(index_sampler: Any, skip: int) -> Iterator[Any]:
             "already consumed (no samples are fetched; the time grows with the position)",
             stacklevel=5,
         )
-    fast = getattr(index_sampler, "_iter_from", None)
-    if fast is not None:  # stoker's samplers, and BatchSampler over any sampler
-        return fast(skip)
+    if follows(index_sampler, ResumableSampler):  # stoker's samplers, and BatchSampler over any sampler
+        return index_sampler._iter_from(skip)
     indices = iter(index_sampler)
     first = next(itertools.islice(indices, skip, skip + 1), _END)
     return indices if first is _END else itertools.chain([first], indices)
@@ -363,12 +363,11 @@ def describe(plan: Any) -> dict[str, Any]:
         config["sampler_seed"] = sharded.seed
         config["sampler_shuffle"] = bool(sharded.shuffle)
         config["sampler_drop_last"] = bool(sharded.drop_last)
-    if plan.dataset_kind == "map" and callable(getattr(plan.dataset, "stoker_describe", None)):
+    if plan.dataset_kind == "map" and follows(plan.dataset, DescribesStream):
         config.update(_plain(prefixed("stream", describe_data(plan.dataset))))
     for part in (index_sampler, inner):
-        hook = getattr(part, "stoker_describe", None)
-        if callable(hook):
-            config.update(_plain(prefixed("sampler", hook())))
+        if follows(part, DescribesStream) and callable(part.stoker_describe):
+            config.update(_plain(prefixed("sampler", part.stoker_describe())))
     return config
 
 

@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from .._base.hooks import DescribesStream, follows
+
 FULL_DIGEST_BYTES = 64 << 20  # arrays up to this size are hashed whole
 BLOCK_BYTES = 4096  # larger ones: this many bytes at each sampled place
 SAMPLE_BLOCKS = 1024  # ... at this many places, first and last included
@@ -88,9 +90,8 @@ def describe_data(dataset: Any) -> dict[str, Any]:
     Raises:
         TypeError: when its `stoker_describe()` returns something other than a mapping.
     """
-    hook = getattr(dataset, "stoker_describe", None)
-    if callable(hook):
-        described = hook()
+    if follows(dataset, DescribesStream) and callable(dataset.stoker_describe):
+        described = dataset.stoker_describe()
         if not isinstance(described, Mapping):
             raise TypeError(
                 f"{type_name(dataset)}.stoker_describe() should return a dict, but got {type(described).__name__}"

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._base.hooks import ReportsToDoctor, follows
 from .._core.loader import usable_cpus
 from .measure import (
     Readiness,
@@ -208,11 +209,10 @@ class _Sweep:
 def stream_lines(dataset: Any) -> list[str]:
     """What a `stoker.mix` dataset reports of itself (achieved mix proportions, packing
     utilisation over its first epoch); a failure to report is a line too, never an abort."""
-    lines = getattr(dataset, "stoker_doctor_lines", None)
-    if not callable(lines):
+    if not follows(dataset, ReportsToDoctor) or not callable(dataset.stoker_doctor_lines):
         return []
     try:
-        return [str(line) for line in lines()]
+        return [str(line) for line in dataset.stoker_doctor_lines()]
     except Exception as exc:  # the report is an extra: the measurement goes on without it
         return [f"{type(dataset).__name__} could not report its mix/packing: {type(exc).__name__}: {exc}"]
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .._base.hooks import HasShards, KnowsLengths, follows, upcoming_of
 from .._data.datasets import Dataset
 from .._data.identity import describe_data, prefixed
 from .._shards.sampler import global_order
@@ -75,12 +76,13 @@ class MixedDataset(Dataset[Any]):
             gives it either way. Defaults to None.
 
     Raises:
-        ValueError: when `weights` (or a piece of the schedule) has another length than
-            `sources`, a negative or non-finite entry, or is all zero; when the schedule's
-            starts are not 0 then increasing; when `weigh`, `exhausted`, `seed` or `length` is
-            not one of the accepted values; when a source of positive weight is empty; when
-            `window_shards` is not an int >= 1.
-        TypeError: when a source is not a map-style dataset, or `field` is not a str.
+        ValueError: when `sources` is empty; when `weights` (or a piece of the schedule) has
+            another length than `sources`, a negative or non-finite entry, or is all zero; when
+            the schedule's starts are not 0 then increasing; when `weigh`, `exhausted`, `seed`,
+            `length` or `window_shards` is not one of the accepted values; when a source of
+            positive weight is empty; when `tokens` has another length than `sources`.
+        TypeError: when `sources` is not a list, a source is not a map-style dataset, `field`
+            is not a str, or `seed`, `length` or `window_shards` is not an int.
         DocumentError: with `weigh="tokens"` and a document that is not a 1-D integer array.
     """
 
@@ -97,25 +99,33 @@ class MixedDataset(Dataset[Any]):
         field: str | None = None,
         window_shards: int = 4,
     ) -> None:
-        if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence) or not sources:
-            raise ValueError(f"sources must be a non-empty list of datasets, got {_describe(sources)}")
+        if isinstance(sources, (str, bytes)) or not isinstance(sources, Sequence):
+            raise TypeError(f"sources should be a list of datasets, but got {_describe(sources)}")
+        if not sources:
+            raise ValueError("sources should be a non-empty list of datasets, but got an empty one")
         for i, src in enumerate(sources):
             if not isinstance(src, Sized) or not hasattr(src, "__getitem__"):
-                raise TypeError(f"sources[{i}] is a {type(src).__name__}: a source is a map-style dataset")
+                raise TypeError(
+                    f"sources[{i}] should be a map-style dataset (with __len__ and __getitem__), but got {type(src).__name__}"
+                )
         if weigh not in WEIGH:
-            raise ValueError(f"weigh must be one of {WEIGH}, got {weigh!r}")
+            raise ValueError(f"weigh should be one of {WEIGH}, but got weigh={weigh!r}")
         if exhausted not in MODES:
-            raise ValueError(f"exhausted must be one of {MODES}, got {exhausted!r}")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+            raise ValueError(f"exhausted should be one of {MODES}, but got exhausted={exhausted!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed should be an int, but got {type(seed).__name__}")
+        if seed < 0:
+            raise ValueError(f"seed should be an int >= 0, but got seed={seed!r}")
         self.sources = list(sources)
         self.sizes = [len(s) for s in self.sources]
         self.weigh, self.exhausted, self.seed = weigh, exhausted, int(seed)
         if field is not None and not isinstance(field, str):
-            raise TypeError(f"field must be a str or None, got {type(field).__name__}")
+            raise TypeError(f"field should be a str or None, but got {type(field).__name__}")
         self.field = field
-        if isinstance(window_shards, bool) or not isinstance(window_shards, int) or window_shards < 1:
-            raise ValueError(f"window_shards must be an int >= 1, got {window_shards!r}")
+        if isinstance(window_shards, bool) or not isinstance(window_shards, int):
+            raise TypeError(f"window_shards should be an int, but got {type(window_shards).__name__}")
+        if window_shards < 1:
+            raise ValueError(f"window_shards should be an int >= 1, but got window_shards={window_shards!r}")
         self.window_shards = window_shards
         self._orders = [self._shard_order(s, src) for s, src in enumerate(self.sources)]
         pieces = _pieces(weights)
@@ -139,17 +149,21 @@ class MixedDataset(Dataset[Any]):
         else:
             self.length = first.length if length is None else length
             if self.length > first.length:
-                raise ValueError(f"length {length} is longer than the mix, which ends at {first.length}")
-        if isinstance(self.length, bool) or not isinstance(self.length, (int, np.integer)) or self.length < 1:
-            raise ValueError(f"length must be an int >= 1, got {length!r} (the mix has {self.length} positions)")
+                raise ValueError(
+                    f"length should be at most the mix's {first.length} positions, but got length={length}"
+                )
+        if isinstance(self.length, bool) or not isinstance(self.length, (int, np.integer)):
+            raise TypeError(f"length should be an int or None, but got {type(length).__name__}")
+        if self.length < 1:
+            raise ValueError(f"length should be an int >= 1, but got length={length!r} (the mix has {self.length} positions)")
         self.length = int(self.length)
-        if type(self) is MixedDataset and any(getattr(type(x), "stoker_upcoming", None) for x in self.sources):
-            self.__class__ = _PlanningMixedDataset  # see _PlanningMixedDataset
 
     def _mean_lengths(self, tokens: Sequence[int] | None) -> list[float]:
         if tokens is not None:
             if len(tokens) != len(self.sources):
-                raise ValueError(f"tokens has {len(tokens)} entries but there are {len(self.sources)} sources")
+                raise ValueError(
+                    f"tokens should have one entry per source ({len(self.sources)}), but got {len(tokens)} entries"
+                )
             totals = [int(t) for t in tokens]
         else:
             totals = [
@@ -161,9 +175,9 @@ class MixedDataset(Dataset[Any]):
         """A sharded source's order for each (mix epoch, pass): `ShardedSampler`'s (shards
         shuffled, samples shuffled within windows of `window_shards` shards), so that the
         source reads each shard in one stretch; None for any other source."""
-        starts = getattr(source, "shard_starts", None)
-        if starts is None:
+        if not follows(source, HasShards):
             return None
+        starts = source.shard_starts
         seed = int(np.random.SeedSequence([_ORDER_TAG, self.seed, s]).generate_state(1, np.uint64)[0]) >> 1
         return _ShardOrder(np.asarray(starts, dtype=np.int64), seed, self.window_shards)
 
@@ -181,7 +195,7 @@ class MixedDataset(Dataset[Any]):
 
     def _locate(self, position: int) -> tuple[WeightedMix, int]:
         if isinstance(position, bool) or not isinstance(position, (int, np.integer)):
-            raise TypeError(f"a MixedDataset is indexed by an int position, got {type(position).__name__}")
+            raise TypeError(f"a MixedDataset's index should be an int position, but got {type(position).__name__}")
         if position < 0:
             raise IndexError(f"position {position} is negative: a mix is indexed from its start")
         if self.exhausted == "repeat":
@@ -239,7 +253,7 @@ class MixedDataset(Dataset[Any]):
 
     def stoker_lengths(self, start: int, stop: int) -> np.ndarray:
         """The token counts of the documents at positions [start, stop), from the sources'
-        `lengths` arrays where they have them (what `PackedDataset` plans with).
+        `lengths` arrays where they have them (what `PackedDataset` packs from).
 
         Args:
             start: The first position (>= 0).
@@ -310,7 +324,7 @@ class MixedDataset(Dataset[Any]):
             "target_shares": self._mean_target(start, stop),
             "weigh": self.weigh,
         }
-        if self.weigh == "tokens" or all(isinstance(getattr(x, "lengths", None), np.ndarray) for x in self.sources):
+        if self.weigh == "tokens" or all(follows(x, KnowsLengths) and isinstance(x.lengths, np.ndarray) for x in self.sources):
             toks = np.bincount(s, weights=self.stoker_lengths(start, stop), minlength=len(self.sources))
             out["tokens"] = [int(t) for t in toks]
             out["token_shares"] = (toks / max(1.0, toks.sum())).tolist()
@@ -344,14 +358,15 @@ class MixedDataset(Dataset[Any]):
         return float(dev.max()) if dev.size else 0.0
 
     def upcoming_positions(self, positions: Sequence[int], behind: int) -> bool:
-        """Tell the sources that follow the plan protocol which of their samples the mix's
+        """Tell the sources that plan ahead (`stoker_upcoming`) which of their samples the mix's
         `positions` need (in order); True when all of those told want to be told more.
 
         Args:
             positions: Positions of the mix, as a batch or a packed row needs them.
             behind: How many earlier batches may still be unread by the workers.
         """
-        if not len(positions):
+        hooks = [upcoming_of(source) for source in self.sources]
+        if not len(positions) or not any(hooks):
             return True
         pos = np.asarray(positions, dtype=np.int64)
         first, last = int(pos.min()), int(pos.max())
@@ -363,10 +378,27 @@ class MixedDataset(Dataset[Any]):
             s, j = pairs[:, 0], pairs[:, 1]
         more = True
         for src in dict.fromkeys(s.tolist()):
-            hook = getattr(type(self.sources[src]), "stoker_upcoming", None)
+            hook = hooks[src]
             if hook is not None:
-                more = bool(hook(self.sources[src], j[s == src].tolist(), behind)) and more
+                more = bool(hook(j[s == src].tolist(), behind)) and more
         return more
+
+    def stoker_plans_ahead(self) -> bool:
+        """Whether a source plans ahead (a `ShardedDataset`): only then does the loader draw
+        this mix's positions ahead, and pass each source its own samples."""
+        return any(upcoming_of(source) is not None for source in self.sources)
+
+    def stoker_upcoming(self, indices: list[int], behind: int) -> bool:
+        """Pass a batch's samples on to the sources that plan ahead, each told its own.
+
+        Args:
+            indices: The batch's positions.
+            behind: How many earlier batches may still be unread by the workers.
+
+        Returns:
+            True when every source that was told wants the drawing to run further ahead.
+        """
+        return self.upcoming_positions(indices, behind)
 
     def stoker_describe(self) -> dict[str, Any]:
         """What a loader state saved over this dataset must agree on: everything a position's
@@ -437,27 +469,8 @@ def _token_to_document_weights(weights: Sequence[Any], means: Sequence[float]) -
     for i, (w, m) in enumerate(zip(weights, means)):
         w = float(w)
         if w > 0 and m <= 0:
-            raise ValueError(f"source {i} has a positive token weight but no tokens")
+            raise ValueError(f"source {i} should have tokens, as its token weight is positive, but it has none")
         shares.append(w / m if w > 0 else 0.0)
     total = sum(shares)
     ints = [max(1, round(x / total * TOKEN_RESOLUTION)) if x > 0 else 0 for x in shares]
     return ints
-
-
-class _PlanningMixedDataset(MixedDataset):
-    """A MixedDataset with a source that follows the plan protocol (a `ShardedDataset`): the
-    loader's upcoming batches are passed on to those sources, each told its own samples, so
-    that their downloads run ahead. A mix without such a source is a plain MixedDataset and
-    its sampler is read as it would be without the protocol."""
-
-    def stoker_upcoming(self, indices: list[int], behind: int) -> bool:
-        """The plan protocol: pass a batch's samples on to the sources that plan.
-
-        Args:
-            indices: The batch's positions.
-            behind: How many earlier batches may still be unread by the workers.
-
-        Returns:
-            True when every source that was told wants the drawing to run further ahead.
-        """
-        return self.upcoming_positions(indices, behind)

@@ -1,4 +1,4 @@
-"""Exact, deterministic weighted mixing of S sources (issue 34; private, nothing exported).
+"""Exact, deterministic weighted mixing of S sources (issue 34): the pure core under `MixedDataset`.
 
 The mixed sequence is a sequence of (source, sample) pairs that is a function of (seed, epoch,
 the weight schedule, the sizes, the exhaustion mode) alone, and it is addressable: `mixed_at(p)`
@@ -120,22 +120,22 @@ def integer_weights(weights: Sequence[Any], sources: int) -> list[int]:
     try:
         values = list(weights)
     except TypeError:
-        raise ValueError(f"weights must be a sequence of numbers, got {weights!r}") from None
+        raise TypeError(f"weights should be a sequence of numbers, but got {weights!r}") from None
     if len(values) != sources:
-        raise ValueError(f"weights has {len(values)} entries but there are {sources} sources")
+        raise ValueError(f"weights should have one entry per source ({sources}), but got {len(values)} entries")
     fracs: list[Fraction] = []
     for i, v in enumerate(values):
         try:
             f = float(v)
         except (TypeError, ValueError):
-            raise ValueError(f"weights[{i}] is not a number: {v!r}") from None
+            raise TypeError(f"weights[{i}] should be a number, but got {v!r}") from None
         if not np.isfinite(f):
-            raise ValueError(f"weights[{i}] is not finite: {v!r}")
+            raise ValueError(f"weights[{i}] should be finite, but got {v!r}")
         if f < 0:
-            raise ValueError(f"weights[{i}] is negative: {v!r}")
+            raise ValueError(f"weights[{i}] should be >= 0, but got {v!r}")
         fracs.append(_as_fraction(v))
     if not any(fracs):
-        raise ValueError("weights are all zero: at least one source needs a positive weight")
+        raise ValueError("weights should have a positive entry, but got all zero")
     den = 1
     for fr in fracs:
         den = den * fr.denominator // gcd(den, fr.denominator)
@@ -224,12 +224,12 @@ class WeightedMix:
     def __init__(self, sizes: Sequence[int], schedule: Any, seed: int = 0, epoch: int = 0,
                  mode: str = "repeat", orders: Sequence[Callable[[int, int], np.ndarray] | None] | None = None) -> None:
         if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+            raise ValueError(f"mode should be one of {MODES}, but got mode={mode!r}")
         self.sizes = [int(x) for x in sizes]
         if not self.sizes or any(x < 0 for x in self.sizes):
-            raise ValueError(f"sizes must be one or more non-negative counts, got {list(sizes)!r}")
+            raise ValueError(f"sizes should be one or more non-negative counts, but got {list(sizes)!r}")
         if int(seed) < 0 or int(epoch) < 0:
-            raise ValueError("seed and epoch must be non-negative")
+            raise ValueError(f"seed and epoch should be >= 0, but got seed={seed!r}, epoch={epoch!r}")
         self.seed, self.epoch, self.mode = int(seed), int(epoch), mode
         # a source's own order per (epoch, cycle), in place of the shuffle (a sharded source's
         # shard-aware order); it must be a permutation of range(size)
@@ -477,11 +477,11 @@ def _pieces(schedule: Any) -> list[tuple[int, Sequence[Any]]]:
     try:
         items = list(schedule)
     except TypeError:
-        raise ValueError(f"weights must be a sequence of numbers, got {schedule!r}") from None
+        raise TypeError(f"weights should be a sequence of numbers, but got {schedule!r}") from None
     if items and all(isinstance(x, tuple) and len(x) == 2 for x in items):
         pieces = [(int(a), b) for a, b in items]
         starts = [a for a, _ in pieces]
         if starts[0] != 0 or any(b <= a for a, b in itertools.pairwise(starts)):
-            raise ValueError(f"the schedule's starts must be 0 then strictly increasing: {starts}")
+            raise ValueError(f"the schedule's starts should be 0 then strictly increasing, but got {starts}")
         return pieces
     return [(0, items)]

@@ -1,5 +1,5 @@
-"""`PackedDataset` (documents packed into rows, addressed by window and row), `collate_packed`,
-and `StreamSampler`, which walks a stream dataset epoch after epoch.
+"""`PackedDataset` (documents packed into rows, addressed by window and row) and
+`collate_packed`; `StreamSampler` (stream_sampler.py) walks it epoch after epoch.
 
 Every `stoker.mix` dataset is a *stream* addressed by position: index p is the p-th item of an endless
 sequence that is a function of the construction arguments alone, and `len()` is the length of
@@ -11,19 +11,25 @@ size through the elastic path every stoker sampler has.
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 import os
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence, Sized
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from .._base.hooks import (
+    KnowsLengths,
+    KnowsStreamLengths,
+    NamesDocuments,
+    ReportsToDoctor,
+    follows,
+    upcoming_of,
+)
 from .._data.datasets import Dataset
-from .._data.distributed import RankShareSampler
 from .._data.identity import describe_data, prefixed
 from .mix_dataset import MixedDataset
 from .pack_rows import (
@@ -36,9 +42,9 @@ from .pack_rows import (
     check_seq_len,
     check_window_size,
     check_window_unit,
+    pack_rows_window,
+    pack_window,
     piece_tokens,
-    plan_rows_window,
-    plan_window,
     window_take,
 )
 from .tokens import _check_document, lengths_of
@@ -56,20 +62,21 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_new_locks)
 
 _DOCTOR_ROWS = 100_000  # what the doctor's report covers at most
-_PLANS_KEPT = 16  # window plans a process keeps (rows of the windows it is reading now)
-_GROW = 32  # windows planned in one step when the window table grows
-_CHECKPOINT = 16  # rows unit: the pieces carried into every 16th window are kept, to replan from
+_WINDOWS_KEPT = 16  # packed windows a process keeps (rows of the windows it is reading now)
+_GROW = 32  # windows packed in one step when the window table grows
+_CHECKPOINT = 16  # rows unit: the pieces carried into every 16th window are kept, to repack from
 _READ = 4096  # rows unit: documents' lengths read ahead at least this many at a time
 
 
 class _Stream:
-    """The document stream a PackedDataset packs: a MixedDataset's positions as they are, any
-    other dataset's documents in order, cycled (position p is document p % len)."""
+    """The document stream a PackedDataset packs: a MixedDataset's positions as they are (any
+    stream with `stoker_lengths`), any other dataset's documents in order, cycled (position p
+    is document p % len)."""
 
     def __init__(self, dataset: Any, field: str | None) -> None:
         self.dataset = dataset
         self.field = field
-        self.positional = callable(getattr(dataset, "stoker_lengths", None))
+        self.positional = follows(dataset, KnowsStreamLengths) and callable(dataset.stoker_lengths)
         self.size = len(dataset)
         if self.size < 1:
             raise ValueError("the dataset to pack has no documents")
@@ -79,10 +86,22 @@ class _Stream:
             return np.asarray(self.dataset.stoker_lengths(start, stop), dtype=np.int64)
         return lengths_of(self.dataset, np.arange(start, stop) % self.size, field=self.field)
 
+    def declared(self, p: int) -> int | None:
+        """The length packing read for position p when it came from a `lengths` array (a
+        length measured by reading the document cannot disagree with it), else None."""
+        dataset, index = self.dataset, p % self.size
+        if isinstance(dataset, MixedDataset):
+            source, index = dataset.source_at(p)
+            dataset = dataset.sources[source]
+        elif self.positional:
+            return None
+        if follows(dataset, KnowsLengths) and isinstance(dataset.lengths, np.ndarray) and dataset.lengths.ndim == 1:
+            return int(dataset.lengths[index])
+        return None
+
     def where(self, p: int) -> str:
-        describe = getattr(self.dataset, "describe_document", None)
-        if describe is not None:
-            return str(describe(p))
+        if follows(self.dataset, NamesDocuments):
+            return str(self.dataset.describe_document(p))
         return f"document {p % self.size} of the dataset"
 
     def get(self, p: int) -> np.ndarray:
@@ -117,9 +136,9 @@ class PackedDataset(Dataset[dict[str, Any]]):
     - `labels` (int64, seq_len): `input_ids` with -100 at each document's first token and on
       padding.
 
-    Planning reads lengths, not tokens: a `TokenDataset` (or a `MixedDataset` of them) gives
+    Packing reads lengths, not tokens: a `TokenDataset` (or a `MixedDataset` of them) gives
     them for free; any other dataset's documents are read once more to be measured. To find
-    row g a process plans every window before it once (lengths only) and keeps the table of
+    row g a process packs every window before it once (lengths only) and keeps the table of
     rows (and, for rows windows, first documents) per window.
 
     Args:
@@ -127,7 +146,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
             a `TokenDataset`, or any other).
         seq_len: The row length in tokens (int >= 1).
         window_size: K, the window's size in `window_unit`s (int >= 1). Larger K packs tighter
-            (see the guide's table) and plans a little more per row. Defaults to 1024.
+            (see the guide's table) and costs a little more per row. Defaults to 1024.
         method: "best_fit" (longest first, each into the fullest row it fits) or "greedy"
             (first-fit in stream order). Defaults to "best_fit".
         long: What to do with a document longer than `seq_len`: "split" (into full rows and a
@@ -141,7 +160,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
             window takes at most one pass of the stream. Defaults to "rows".
         pad_id: The token id of padding. Defaults to 0.
         rows_per_epoch: The epoch length in rows. None means the rows that the windows
-            covering the first len(dataset) documents make (planned at construction).
+            covering the first len(dataset) documents make (packed at construction).
             Defaults to None.
         tensors: Give torch tensors instead of numpy arrays (torch needed). Defaults to False.
         field: When the documents are mappings (a Hugging Face dataset's rows), the key that
@@ -175,9 +194,9 @@ class PackedDataset(Dataset[dict[str, Any]]):
         self.seq_len = check_seq_len(seq_len)
         self.window_size = check_window_size(window_size)
         if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+            raise ValueError(f"method should be one of {METHODS}, but got method={method!r}")
         if long not in LONG:
-            raise ValueError(f"long must be one of {LONG}, got {long!r}")
+            raise ValueError(f"long should be one of {LONG}, but got long={long!r}")
         self.window_unit = check_window_unit(window_unit)
         self.method, self.long, self.pad_id, self.tensors = method, long, int(pad_id), bool(tensors)
         self.dataset = dataset
@@ -185,22 +204,23 @@ class PackedDataset(Dataset[dict[str, Any]]):
         if field is None:
             field = inner
         elif not isinstance(field, str):
-            raise TypeError(f"field must be a str or None, got {type(field).__name__}")
+            raise TypeError(f"field should be a str or None, but got {type(field).__name__}")
         elif isinstance(dataset, MixedDataset) and inner != field:
             raise ValueError(
-                f"field {field!r} differs from the mix's field {inner!r}: give it to the MixedDataset"
+                f"field should be the mix's field {inner!r} or None, but got field={field!r}: "
+                "give it to the MixedDataset"
             )
         self.field = field
         self._stream = _Stream(dataset, field)
-        self._cum: list[int] = [0]  # rows before each window planned so far, then their total
-        self._tokens: list[int] = []  # real tokens of each window planned so far
-        self._starts: list[int] = [0]  # rows unit: each planned window's first document, then the next's
+        self._cum: list[int] = [0]  # rows before each window packed so far, then their total
+        self._tokens: list[int] = []  # real tokens of each window packed so far
+        self._starts: list[int] = [0]  # rows unit: each packed window's first document, then the next's
         self._carried: dict[int, list[Piece]] = {0: []}  # rows unit: carried into every _CHECKPOINT-th window
-        self._frontier: list[Piece] = []  # rows unit: what the last planned window carries on
+        self._frontier: list[Piece] = []  # rows unit: what the last packed window carries on
         self._read_at, self._read = 0, np.zeros(0, np.int64)  # rows unit: lengths read ahead
-        # window -> (rows, pieces carried on); lengths and carried pieces in, plans out
-        self._plans: OrderedDict[int, tuple[list[Row], list[Piece]]] = OrderedDict()
-        self._lock = threading.RLock()  # thread workers share the table and the plans
+        # window -> (rows, pieces carried on): the windows packed last
+        self._packed: OrderedDict[int, tuple[list[Row], list[Piece]]] = OrderedDict()
+        self._lock = threading.RLock()  # thread workers share the table and the packed windows
         _LOCKED.add(self)
         if rows_per_epoch is None:
             if self.window_unit == "rows":  # the windows whose first document is in the first pass
@@ -217,8 +237,6 @@ class PackedDataset(Dataset[dict[str, Any]]):
                     + (f" or longer than seq_len {self.seq_len} (long='drop')" if self.long == "drop" else "")
                 )
         self.rows_per_epoch = check_positive_int(rows_per_epoch, "rows_per_epoch")
-        if type(self) is PackedDataset and getattr(type(dataset), "stoker_upcoming", None) is not None:
-            self.__class__ = _PlanningPackedDataset  # see _PlanningPackedDataset
 
     def __len__(self) -> int:
         return self.rows_per_epoch
@@ -234,54 +252,54 @@ class PackedDataset(Dataset[dict[str, Any]]):
         _LOCKED.add(self)
 
     def _first_doc(self, window: int) -> int:
-        """The stream position of the first document `window` takes (rows unit: of a planned window)."""
+        """The stream position of the first document `window` takes (rows unit: of a packed window)."""
         return self._starts[window] if self.window_unit == "rows" else window * self.window_size
 
-    def _keep(self, window: int, plan: list[Row], carry: list[Piece]) -> None:
-        self._plans[window] = (plan, carry)
-        if len(self._plans) > _PLANS_KEPT:
-            self._plans.popitem(last=False)
+    def _keep(self, window: int, rows: list[Row], carry: list[Piece]) -> None:
+        self._packed[window] = (rows, carry)
+        if len(self._packed) > _WINDOWS_KEPT:
+            self._packed.popitem(last=False)
 
-    def _plan(self, window: int, lengths: np.ndarray | None = None) -> list[Row]:
+    def _window_rows(self, window: int, lengths: np.ndarray | None = None) -> list[Row]:
         """The rows of a window the table covers; pieces name documents by their index in the
         window (documents unit) or by stream position (rows unit)."""
         with self._lock:  # reentrant: _grow_to_window holds it too
-            kept = self._plans.get(window)
+            kept = self._packed.get(window)
             if kept is not None:
-                self._plans.move_to_end(window)
+                self._packed.move_to_end(window)
                 return kept[0]
             if self.window_unit == "rows":
-                return self._plan_rows(window, self._carried_into(window))
+                return self._pack_rows_window(window, self._carried_into(window))
             if lengths is None:
                 start = window * self.window_size
                 lengths = self._stream.lengths(start, start + self.window_size)
-            plan = plan_window(lengths, self.seq_len, self.method, self.long)  # type: ignore[arg-type]
-            self._keep(window, plan, [])
-            return plan
+            rows = pack_window(lengths, self.seq_len, self.method, self.long)  # type: ignore[arg-type]
+            self._keep(window, rows, [])
+            return rows
 
-    def _plan_rows(self, window: int, carried: list[Piece], lengths: np.ndarray | None = None) -> list[Row]:
+    def _pack_rows_window(self, window: int, carried: list[Piece], lengths: np.ndarray | None = None) -> list[Row]:
         a, b = self._starts[window], self._starts[window + 1]
         if lengths is None:
             lengths = self._stream.lengths(a, b)
-        plan, carry = plan_rows_window(
+        rows, carry = pack_rows_window(
             carried, lengths, a, self.window_size, self.seq_len, self.method, self.long  # type: ignore[arg-type]
         )
-        self._keep(window, plan, carry)
-        return plan
+        self._keep(window, rows, carry)
+        return rows
 
     def _carried_into(self, window: int) -> list[Piece]:
         """The pieces carried into a window the table covers: from the previous window's kept
-        plan, else replanned from the last checkpoint (at most _CHECKPOINT - 1 windows)."""
+        packing, else packed again from the last checkpoint (at most _CHECKPOINT - 1 windows)."""
         if window in self._carried:
             return self._carried[window]
-        kept = self._plans.get(window - 1)
+        kept = self._packed.get(window - 1)
         if kept is not None:
             return kept[1]
         at = window - window % _CHECKPOINT
         carried = self._carried[at]
         for w in range(at, window):
-            self._plan_rows(w, carried)
-            carried = self._plans[w][1]
+            self._pack_rows_window(w, carried)
+            carried = self._packed[w][1]
         return carried
 
     def _lengths_ahead(self, start: int, count: int) -> np.ndarray:
@@ -298,7 +316,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
         return self._read[start - self._read_at : start - self._read_at + count]
 
     def _grow_rows(self, windows: int) -> bool:
-        """Plan rows windows until the table covers the first `windows`; False when a window
+        """Pack rows windows until the table covers the first `windows`; False when a window
         made no row and carried nothing (a whole pass of the stream gave nothing to pack)."""
         K, size = self.window_size, self._stream.size
         while len(self._tokens) < windows:
@@ -313,19 +331,19 @@ class PackedDataset(Dataset[dict[str, Any]]):
                     break
                 count = min(size, 2 * count)
             self._starts.append(first + take)
-            plan = self._plan_rows(window, carried, self._lengths_ahead(first, take))
-            self._frontier = self._plans[window][1]
+            rows = self._pack_rows_window(window, carried, self._lengths_ahead(first, take))
+            self._frontier = self._packed[window][1]
             if (window + 1) % _CHECKPOINT == 0:
                 self._carried[window + 1] = self._frontier
             tokens += int(ahead[:take].sum()) - sum(e - s for _, s, e in self._frontier)
             self._tokens.append(tokens)
-            self._cum.append(self._cum[-1] + len(plan))
-            if not plan and not self._frontier:
+            self._cum.append(self._cum[-1] + len(rows))
+            if not rows and not self._frontier:
                 return False
         return True
 
     def _grow_to_window(self, windows: int) -> None:
-        """Plan windows until the table covers the first `windows` of them (rows unit: or until
+        """Pack windows until the table covers the first `windows` of them (rows unit: or until
         a window gives nothing to pack, which `locate` reports)."""
         K = self.window_size
         with self._lock:
@@ -337,9 +355,9 @@ class PackedDataset(Dataset[dict[str, Any]]):
                 count = max(1, min(_GROW, windows - first))
                 lengths = self._stream.lengths(first * K, (first + count) * K)
                 for n in range(count):
-                    plan = self._plan(first + n, lengths[n * K : (n + 1) * K])
-                    self._tokens.append(sum(e - s for row in plan for _, s, e in row))
-                    self._cum.append(self._cum[-1] + len(plan))
+                    rows = self._window_rows(first + n, lengths[n * K : (n + 1) * K])
+                    self._tokens.append(sum(e - s for row in rows for _, s, e in row))
+                    self._cum.append(self._cum[-1] + len(rows))
 
     def locate(self, row: int) -> tuple[int, int]:
         """The (window, row within the window) of a row of the packed stream.
@@ -352,7 +370,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
             TypeError: when it is not an int.
         """
         if isinstance(row, bool) or not isinstance(row, (int, np.integer)):
-            raise TypeError(f"a PackedDataset is indexed by an int row, got {type(row).__name__}")
+            raise TypeError(f"a PackedDataset's index should be an int row, but got {type(row).__name__}")
         if row < 0:
             raise IndexError(f"row {row} is negative: packed rows are numbered from the stream's start")
         with self._lock:
@@ -379,7 +397,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
         """
         window, r = self.locate(row)
         base = 0 if self.window_unit == "rows" else window * self.window_size
-        return [(base + d, s, e) for d, s, e in self._plan(window)[r]]
+        return [(base + d, s, e) for d, s, e in self._window_rows(window)[r]]
 
     def __getitem__(self, row: int) -> dict[str, Any]:
         pieces = self.pieces(row)
@@ -387,6 +405,13 @@ class PackedDataset(Dataset[dict[str, Any]]):
         for p, _, e in pieces:
             if p not in docs:
                 doc = self._stream.get(p)
+                declared = self._stream.declared(p)
+                if declared is not None and len(doc) != declared:
+                    raise ValueError(
+                        f"{self._stream.where(p)} has {len(doc)} tokens, but its dataset's `lengths` "
+                        f"gives {declared}: rows are packed from the lengths, so each should be its "
+                        "document's length"
+                    )
                 if len(doc) < e:
                     raise ValueError(f"{self._stream.where(p)} has {len(doc)} tokens, but its length was given as at least {e}")
                 docs[p] = doc
@@ -399,7 +424,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
         return fields
 
     def utilisation(self) -> float:
-        """Real tokens over row tokens (rows x seq_len) of the windows planned so far."""
+        """Real tokens over row tokens (rows x seq_len) of the windows packed so far."""
         rows = self._cum[-1]
         return sum(self._tokens) / (rows * self.seq_len) if rows else 0.0
 
@@ -436,40 +461,42 @@ class PackedDataset(Dataset[dict[str, Any]]):
             f"{rows:,} rows from {windows:,} windows, utilisation {tokens / (rows * self.seq_len):.4f} "
             "(real tokens over row tokens)"
         ]
-        inner = getattr(self.dataset, "stoker_doctor_lines", None)
-        if inner is not None:
-            lines.extend(inner(0, self._first_doc(windows)))
+        if isinstance(self.dataset, MixedDataset):  # the mix's report over the same documents
+            lines.extend(self.dataset.stoker_doctor_lines(0, self._first_doc(windows)))
+        elif follows(self.dataset, ReportsToDoctor):
+            lines.extend(self.dataset.stoker_doctor_lines())
         return lines
 
-    def __repr__(self) -> str:
-        return (
-            f"PackedDataset(seq_len={self.seq_len}, window_size={self.window_size}, window_unit={self.window_unit!r}, "
-            f"method={self.method!r}, rows_per_epoch={self.rows_per_epoch})"
-        )
-
-
-class _PlanningPackedDataset(PackedDataset):
-    """A PackedDataset over documents that follow the plan protocol (a mix of `ShardedDataset`
-    sources, or one): the loader's upcoming rows are passed on as the documents they hold, so
-    that downloads run ahead. Over any other dataset it is a plain PackedDataset, and its
-    sampler is read as it would be without the protocol."""
+    def stoker_plans_ahead(self) -> bool:
+        """Whether the documents' dataset plans ahead (a `ShardedDataset`, or a mix of
+        sources of which one does): only then does the loader draw this dataset's rows ahead."""
+        return upcoming_of(self.dataset) is not None
 
     def stoker_upcoming(self, indices: list[int], behind: int) -> bool:
-        """The plan protocol: pass the documents of a batch's rows on, in order.
+        """Pass the documents of a batch's rows on to the dataset that plans ahead, in order.
 
         Args:
             indices: The batch's rows.
             behind: How many earlier batches may still be unread by the workers.
 
         Returns:
-            True when the documents' datasets want the drawing to run further ahead.
+            True when the documents' dataset wants the drawing to run further ahead (True,
+            too, when it does not plan ahead).
         """
-        positions = list(dict.fromkeys(p for row in indices for p, _, _ in self.pieces(row)))
         inner = self.dataset
+        hook = upcoming_of(inner)
+        if hook is None:
+            return True
+        positions = list(dict.fromkeys(p for row in indices for p, _, _ in self.pieces(row)))
         if isinstance(inner, MixedDataset):
             return inner.upcoming_positions(positions, behind)
-        hook = type(inner).stoker_upcoming
-        return bool(hook(inner, [p % self._stream.size for p in positions], behind))
+        return bool(hook([p % self._stream.size for p in positions], behind))
+
+    def __repr__(self) -> str:
+        return (
+            f"PackedDataset(seq_len={self.seq_len}, window_size={self.window_size}, window_unit={self.window_unit!r}, "
+            f"method={self.method!r}, rows_per_epoch={self.rows_per_epoch})"
+        )
 
 
 def collate_packed(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -512,62 +539,3 @@ def collate_packed(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
         out = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in out.items()}
     return out
-
-
-class StreamSampler(RankShareSampler):
-    """The positions of a stream dataset (`MixedDataset`, `PackedDataset`) epoch after epoch,
-    split over ranks.
-
-    Epoch e (`set_epoch`) gives the positions [e * len(dataset), (e + 1) * len(dataset)) in
-    order; rank r takes the r-th, (r + world)-th, ... of them, as `DistributedSampler` splits
-    its order (padding the tail with the epoch's first positions, or dropping it). The global
-    sequence does not depend on the number of ranks or workers, so a loader's `state_dict()`
-    resumes exactly on another world size (the rest of the epoch is what no old rank took),
-    and a state saved over another stream (other sources, weights, schedule, seq_len, K, ...)
-    is refused with what differs.
-
-    Made while torch is imported, it is also a `torch.utils.data.DistributedSampler`, so that
-    Lightning, Fabric and (with `stoker.torch` imported) accelerate keep it as each rank's share
-    instead of sharding it again.
-
-    Args:
-        dataset: The stream dataset.
-        num_replicas: The number of ranks. None means torch.distributed's world size when it
-            is initialised, else `WORLD_SIZE`, else 1. Defaults to None.
-        rank: This rank. None means torch.distributed's rank, else `RANK`, else 0. Defaults
-            to None.
-        drop_last: Drop the tail that does not divide evenly by `num_replicas` instead of
-            padding it. Defaults to False.
-
-    Raises:
-        ValueError: as `DistributedSampler` (num_replicas, rank).
-    """
-
-    def __init__(
-        self,
-        dataset: Sized,
-        num_replicas: int | None = None,
-        rank: int | None = None,
-        drop_last: bool = False,
-    ) -> None:
-        super().__init__(dataset, num_replicas, rank, shuffle=False, seed=0, drop_last=drop_last)
-
-    def _order(self) -> list[int]:
-        n = len(self.dataset)
-        return list(range(self.epoch * n, (self.epoch + 1) * n))
-
-    def _iter_from(self, skip: int) -> Iterator[int]:
-        indices = super()._iter_from(skip)
-        locate = getattr(self.dataset, "locate", None)
-        if locate is None:
-            return indices
-        first = next(indices, None)
-        if first is None:
-            return iter(())
-        # drawn in the loader's process before its workers fork: the window table it plans
-        # here (every window before `first`, lengths only) is inherited, not planned again
-        locate(first)
-        return itertools.chain([first], indices)
-
-    def __iter__(self) -> Iterator[int]:
-        return self._iter_from(0)

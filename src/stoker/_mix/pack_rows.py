@@ -4,21 +4,21 @@ Documents are 1-D integer arrays of token ids; rows hold `seq_len` tokens. The i
 sequence is cut into windows, each packed into rows, so a packed row is addressed by
 (window, row). A window is measured in one of two units:
 
-* **documents** (`plan_window`, `plan_windows`): window w holds documents [w*K, (w+1)*K)
+* **documents** (`pack_window`): window w holds documents [w*K, (w+1)*K)
   (the last may hold fewer) and is packed on its own, so any window can be rebuilt from
   its K documents alone, on any worker, in any order. Its last row is usually part empty:
   when K documents make only a few rows, that tail costs a few points of utilisation.
-* **rows** (`plan_rows_window`, `plan_row_windows`): a window makes at most R = K rows
+* **rows** (`pack_rows_window`): a window makes at most R = K rows
   (exactly R while the stream lasts). It takes the pieces the previous window carried over,
   then documents in order until their tokens, with the carried ones, fill R rows
   (`window_take`); the pieces that none of its R rows takes are carried to the next
   window, where they are placed first. No row is left part empty for want of documents,
   so utilisation is what the packer achieves (about 99.9 % on lognormal lengths at
   K = 64, 8,192 tokens a row). A window is rebuilt from its documents and the pieces
-  carried into it, which the previous window's plan gives: the windows form a chain,
-  planned from lengths alone, as the rows-per-window table of the document unit is.
+  carried into it, which the previous window's packing gives: the windows form a chain,
+  packed from lengths alone, as the rows-per-window table of the document unit is.
 
-Planning (`plan_window`) sees only the documents' lengths and returns rows, each a list
+Packing a window (`pack_window`) sees only the documents' lengths and returns rows, each a list
 of pieces ``(doc_index_in_window, start, end)``:
 
 * ``"greedy"`` is first-fit in document order: each piece goes to the first (lowest
@@ -44,14 +44,14 @@ like a document; no other document is ever split. A document's pieces are not
 necessarily in increasing row order; their (start, end) say where they belong. With
 ``long="drop"`` such documents are left out. Empty documents produce no pieces.
 
-`build_row` turns one row's plan into the arrays training code consumes; see its
+`build_row` turns one row's pieces into the arrays training code consumes; see its
 docstring for the conventions (cu_seqlens leaves the padding tail out).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -71,9 +71,9 @@ IGNORE_INDEX = -100
 def check_positive_int(value: int, name: str) -> int:
     """`value` as an int >= 1: TypeError when it is not an int, ValueError when it is < 1."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        raise TypeError(f"{name} should be an int, but got {type(value).__name__}")
     if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
+        raise ValueError(f"{name} should be >= 1, but got {value}")
     return int(value)
 
 
@@ -93,38 +93,31 @@ def check_window_unit(window_unit: str) -> str:
 
 def check_options(method: str, long: str) -> None:
     if method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        raise ValueError(f"method should be one of {METHODS}, but got method={method!r}")
     if long not in LONG:
-        raise ValueError(f"long must be one of {LONG}, got {long!r}")
+        raise ValueError(f"long should be one of {LONG}, but got long={long!r}")
 
 
 def check_doc(doc: Any, index: int) -> np.ndarray:
     """`doc` as a 1-D integer array; errors name the document's index."""
     if not isinstance(doc, np.ndarray):
-        raise TypeError(f"document {index} must be a numpy array, got {type(doc).__name__}")
+        raise TypeError(f"document {index} should be a numpy array, but got {type(doc).__name__}")
     if doc.ndim != 1:
-        raise ValueError(f"document {index} must be 1-D, got shape {doc.shape}")
+        raise ValueError(f"document {index} should be 1-D, but got shape {doc.shape}")
     if doc.dtype.kind not in "iu":
-        raise TypeError(f"document {index} must have an integer dtype, got {doc.dtype}")
+        raise TypeError(f"document {index} should have an integer dtype, but got {doc.dtype}")
     return doc
-
-
-def doc_lengths(docs: Sequence[Any]) -> np.ndarray:
-    """The lengths of `docs` (int64), after checking each is a 1-D integer array."""
-    return np.fromiter(
-        (len(check_doc(doc, i)) for i, doc in enumerate(docs)), dtype=np.int64, count=len(docs)
-    )
 
 
 def _check_lengths(lengths: Any) -> np.ndarray:
     arr = np.asarray(lengths)
     if arr.ndim != 1:
-        raise ValueError(f"lengths must be 1-D, got shape {arr.shape}")
+        raise ValueError(f"lengths should be 1-D, but got shape {arr.shape}")
     if arr.size and arr.dtype.kind not in "iu":
-        raise TypeError(f"lengths must be integers, got {arr.dtype}")
+        raise TypeError(f"lengths should be integers, but got {arr.dtype}")
     arr = arr.astype(np.int64, copy=False)
     if arr.size and int(arr.min()) < 0:
-        raise ValueError(f"lengths must be >= 0; length {int(np.argmin(arr))} is {int(arr.min())}")
+        raise ValueError(f"lengths should be >= 0, but got lengths[{int(np.argmin(arr))}]={int(arr.min())}")
     return arr
 
 
@@ -198,14 +191,14 @@ def _best_fit(sizes: list[int], seq_len: int, cap: int | None = None) -> list[in
     return out
 
 
-def plan_window(
+def pack_window(
     lengths: Any, seq_len: int, method: Method = "best_fit", long: Long = "split"
 ) -> list[Row]:
     """Pack one window's documents, given their lengths, into rows of `seq_len` tokens.
 
     Returns the rows in the order they were opened, each a list of
     ``(doc_index_in_window, start, end)`` pieces in document order. Deterministic: the
-    same lengths and arguments give the same plan.
+    same lengths and arguments give the same rows.
     """
     seq_len = check_seq_len(seq_len)
     check_options(method, long)
@@ -224,32 +217,6 @@ def plan_window(
     for row in rows:
         row.sort()
     return rows
-
-
-def window_bounds(n_docs: int, window_size: int, window: int) -> tuple[int, int]:
-    """Documents [start, stop) of `window` in a sequence of `n_docs` documents."""
-    window_size = check_window_size(window_size)
-    start = window * window_size
-    return start, min(start + window_size, n_docs)
-
-
-def plan_windows(
-    lengths: Any,
-    window_size: int,
-    seq_len: int,
-    method: Method = "best_fit",
-    long: Long = "split",
-) -> list[list[Row]]:
-    """`plan_window` for each window of `window_size` (K) consecutive documents; doc
-    indices in the pieces are relative to their window."""
-    window_size = check_window_size(window_size)
-    seq_len = check_seq_len(seq_len)
-    check_options(method, long)
-    arr = _check_lengths(lengths)
-    return [
-        plan_window(arr[s : s + window_size], seq_len, method, long)
-        for s in range(0, len(arr), window_size)
-    ]
 
 
 def piece_tokens(lengths: Any, seq_len: int, long: Long = "split") -> np.ndarray:
@@ -274,7 +241,7 @@ def window_take(carried: int, tokens: np.ndarray, rows: int, seq_len: int) -> in
     return n + 1 if n < len(cum) else None
 
 
-def plan_rows_window(
+def pack_rows_window(
     carried: Sequence[Piece],
     lengths: Any,
     first: int,
@@ -312,12 +279,12 @@ def plan_rows_window(
     counts = np.bincount(rows_of + 1, minlength=1).tolist()
     pieces = list(zip(*order.T.tolist())) if len(order) else []
     carry: list[Piece] = pieces[: counts[0]]
-    plan: list[Row] = []
+    packed: list[Row] = []
     at = counts[0]
     for n in counts[1:]:
-        plan.append(pieces[at : at + n])
+        packed.append(pieces[at : at + n])
         at += n
-    return plan, carry
+    return packed, carry
 
 
 def _piece_arrays(lengths: np.ndarray, seq_len: int, long: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -330,34 +297,6 @@ def _piece_arrays(lengths: np.ndarray, seq_len: int, long: str) -> tuple[np.ndar
     k = np.arange(len(doc), dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
     start = k * seq_len
     return doc, start, np.minimum(start + seq_len, lengths[doc])
-
-
-def plan_row_windows(
-    lengths: Any,
-    window_size: int,
-    seq_len: int,
-    method: Method = "best_fit",
-    long: Long = "split",
-) -> list[list[Row]]:
-    """Every window measured in rows (at most `window_size` rows each) of a finite sequence
-    of documents, until its documents and the carried pieces are all placed; pieces name
-    documents by their index in `lengths`."""
-    window_size = check_window_size(window_size)
-    seq_len = check_seq_len(seq_len)
-    check_options(method, long)
-    arr = _check_lengths(lengths)
-    cum = np.concatenate([[0], np.cumsum(piece_tokens(arr, seq_len, long))])
-    out: list[list[Row]] = []
-    carry: list[Piece] = []
-    a = 0
-    while a < len(arr) or carry:
-        need = window_size * seq_len - sum(e - s for _, s, e in carry)
-        # the fewest documents whose tokens reach `need` (window_take over a prefix sum)
-        b = a if need <= 0 else min(int(np.searchsorted(cum, cum[a] + need, side="left")), len(arr))
-        plan, carry = plan_rows_window(carry, arr[a:b], a, window_size, seq_len, method, long)
-        out.append(plan)
-        a = b
-    return out
 
 
 def build_row(
@@ -410,33 +349,3 @@ def build_row(
         "max_seqlen": max_seqlen,
         "labels": labels,
     }
-
-
-def pack(
-    docs: Sequence[Any],
-    window_size: int,
-    seq_len: int,
-    method: Method = "best_fit",
-    long: Long = "split",
-    pad_id: int = 0,
-) -> Iterator[tuple[int, int, dict[str, Any]]]:
-    """Packed rows of `docs` as ``(window, row, fields)``, window by window."""
-    window_size = check_window_size(window_size)
-    seq_len = check_seq_len(seq_len)
-    check_options(method, long)
-    for w, s in enumerate(range(0, len(docs), window_size)):
-        window = list(docs[s : s + window_size])
-        for i, doc in enumerate(window):
-            check_doc(doc, s + i)
-        lengths = np.array([len(doc) for doc in window], dtype=np.int64)
-        for r, row in enumerate(plan_window(lengths, seq_len, method, long)):
-            yield w, r, build_row(window, row, seq_len, pad_id)
-
-
-def utilisation(rows: Sequence[Row], seq_len: int) -> float:
-    """Real tokens / (rows * seq_len); 0.0 for no rows."""
-    seq_len = check_seq_len(seq_len)
-    if not rows:
-        return 0.0
-    tokens = sum(e - s for row in rows for _, s, e in row)
-    return tokens / (len(rows) * seq_len)

@@ -1,5 +1,5 @@
 """Token documents: `TokenDataset` (one flat array of tokens and the offsets of its documents),
-the check every document passes, and the lengths that planning reads."""
+the check every document passes, and the lengths that packing reads."""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ import numpy as np
 
 from .._data.datasets import Dataset
 from .._data.identity import array_digest
-
-
-class DocumentError(TypeError):
-    """A document is not a 1-D integer array; the message names its source and index."""
+from .errors import DocumentError
 
 
 def _check_document(doc: Any, where: str | Callable[[], str], field: str | None = None) -> np.ndarray:
@@ -57,7 +54,7 @@ class TokenDataset(Dataset[np.ndarray]):
     """Documents stored as one flat array of token ids and the offsets where each begins.
 
     `ds[i]` is `tokens[offsets[i]:offsets[i + 1]]`, a view (no copy); `lengths` are known
-    without reading a token, which is what makes planning packed rows cheap. `tokens` may be
+    without reading a token, which is what makes packing rows cheap. `tokens` may be
     a `numpy.memmap` of a file bigger than memory.
 
     Args:
@@ -73,15 +70,15 @@ class TokenDataset(Dataset[np.ndarray]):
     def __init__(self, tokens: np.ndarray, offsets: np.ndarray) -> None:
         for name, arr in (("tokens", tokens), ("offsets", offsets)):
             if not isinstance(arr, np.ndarray) or arr.ndim != 1 or arr.dtype.kind not in "iu":
-                raise TypeError(f"{name} must be a 1-D integer numpy array, got {_describe(arr)}")
+                raise TypeError(f"{name} should be a 1-D integer numpy array, but got {_describe(arr)}")
         if len(offsets) < 1 or int(offsets[0]) != 0 or int(offsets[-1]) != len(tokens):
             raise ValueError(
-                f"offsets must start at 0 and end at len(tokens) = {len(tokens)}, "
-                f"got {int(offsets[0]) if len(offsets) else None} ... {int(offsets[-1]) if len(offsets) else None}"
+                f"offsets should start at 0 and end at len(tokens) = {len(tokens)}, "
+                f"but got {int(offsets[0]) if len(offsets) else None} ... {int(offsets[-1]) if len(offsets) else None}"
             )
         steps = np.diff(offsets.astype(np.int64))
         if len(steps) and int(steps.min()) < 0:
-            raise ValueError(f"offsets decrease at entry {int(np.argmin(steps)) + 1}")
+            raise ValueError(f"offsets should not decrease, but got a decrease at entry {int(np.argmin(steps)) + 1}")
         self.tokens = tokens
         self.offsets = offsets.astype(np.int64, copy=False)
         self.lengths = steps

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .._base.hooks import HasShards, follows
 from .._data.distributed import RankShareSampler
 
 
@@ -65,8 +66,7 @@ class ShardedSampler(RankShareSampler):
         drop_last: bool = False,
         window_shards: int = 4,
     ) -> None:
-        starts = getattr(dataset, "shard_starts", None)
-        if starts is None:
+        if not follows(dataset, HasShards):
             raise TypeError(
                 f"ShardedSampler needs a ShardedDataset (with shard_starts), but got {type(dataset).__name__}"
             )
@@ -74,7 +74,7 @@ class ShardedSampler(RankShareSampler):
             raise ValueError(f"window_shards should be a positive integer, but got window_shards={window_shards!r}")
         super().__init__(dataset, num_replicas, rank, shuffle, seed, drop_last)
         self.window_shards = window_shards
-        self._starts = np.asarray(starts, dtype=np.int64)
+        self._starts = np.asarray(dataset.shard_starts, dtype=np.int64)  # type: ignore[attr-defined]
 
     def _order(self) -> list[int]:
         return global_order(self._starts, self.seed, self.epoch, self.window_shards, self.shuffle).tolist()
