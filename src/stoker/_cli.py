@@ -83,11 +83,11 @@ def _doctor(args: argparse.Namespace) -> int:
     import time
 
     started = time.perf_counter()
+    from ._doctor.errors import DoctorError, MeasureError
     from ._doctor.plot import plot
-    from ._doctor.probe import MeasureError
     from ._doctor.report import render, save_json
     from ._doctor.sweep import run
-    from ._doctor.target import DoctorError, describe_target, load_target
+    from ._doctor.target import describe_target, load_target
 
     if args.seconds <= 0 or args.batch_size < 1 or (args.step_ms is not None and args.step_ms <= 0):
         print("stoker doctor: --seconds, --batch-size and --step-ms take positive numbers", file=sys.stderr)

@@ -20,12 +20,17 @@ Remote stores need the `stream` extra (`pip install stoker[stream]`: obstore and
 Parquet shards need `parquet` (pyarrow).
 """
 
-from ._shards.cache import CacheFullError
 from ._shards.dataset import ShardedDataset
-from ._shards.formats import CorruptShardError, decode_auto
+from ._shards.errors import (
+    AccessDeniedError,
+    CacheFullError,
+    CorruptShardError,
+    MissingObjectError,
+    StoreError,
+)
+from ._shards.formats import decode_auto
 from ._shards.index import build_index
 from ._shards.sampler import ShardedSampler
-from ._shards.store import AccessDeniedError, MissingObjectError, StoreError
 from ._shards.writer import write_shards
 
 __all__ = [

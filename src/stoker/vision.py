@@ -13,8 +13,9 @@ ship each JPEG's bytes, box and flip (`collate_jpegs` makes one ragged buffer pe
 `to_device(loader, "cuda", transform=decode_jpegs(mean, std))` decodes them with nvJPEG.
 """
 
-from ._vision.crop import DecodeCrop, DecodeError, crop_box, decode_crop
+from ._vision.crop import DecodeCrop, crop_box, decode_crop
 from ._vision.device_decode import DecodeOnDevice, JpegBatch, JpegCrop, collate_jpegs, decode_jpegs
+from ._vision.errors import DecodeError
 from ._vision.folder import IMG_EXTENSIONS, ImageFolder, find_classes, pil_loader
 
 __all__ = [

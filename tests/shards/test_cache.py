@@ -22,7 +22,8 @@ from typing import BinaryIO
 
 import pytest
 
-from stoker._shards.cache import CacheFullError, CorruptShardError, ShardCache, measure_usage
+from stoker._shards.cache import ShardCache, measure_usage
+from stoker._shards.errors import CacheFullError, CorruptShardError
 
 CHILD = str(Path(__file__).with_name("cache_child.py"))
 

@@ -25,7 +25,8 @@ import pytest
 from tests.support.s3server import S3Server
 
 from stoker._shards import relay
-from stoker._shards.store import MissingObjectError, Store, StoreError
+from stoker._shards.errors import MissingObjectError, StoreError
+from stoker._shards.store import Store
 
 BLOB = os.urandom(3_000_000)
 
@@ -130,7 +131,8 @@ def test_a_grandchild_asks_the_owner(s3_server: S3Server, s3_url: str) -> None:
 _OWNER = r"""
 import io, os, signal, sys, time
 sys.modules["s3fs"] = None
-from stoker._shards.store import Store, StoreError
+from stoker._shards.errors import StoreError
+from stoker._shards.store import Store
 url, endpoint, out, mode = sys.argv[1:5]
 options = {"endpoint_url": endpoint} if endpoint else None
 store = Store(url, storage_options=options, timeout_s=30, retries=3, backoff_s=0.01)

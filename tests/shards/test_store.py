@@ -19,7 +19,8 @@ import psutil
 import pytest
 from tests.support.s3server import FaultProxy, S3Server
 
-from stoker._shards.store import AccessDeniedError, MissingObjectError, Store, StoreError
+from stoker._shards.errors import AccessDeniedError, MissingObjectError, StoreError
+from stoker._shards.store import Store
 
 CLIENTS = ("obstore", "fsspec")
 BLOB = os.urandom(300_000)

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import CollateTypeError, CollateValueError, _Located
+
 CollateFnMap = dict[Any, Callable[..., Any]]
 Alloc = Callable[[tuple[int, ...], Any], np.ndarray]
 
@@ -50,32 +52,7 @@ def empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     return np.empty(shape, dtype) if alloc is None else alloc(shape, dtype)
 
 
-# ----------------------------------------------------------------- errors
-class _Located(Exception):
-    """Mixin for collate errors that learn their path on the way out of the recursion."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        self.path: list[Any] = []
-        super().__init__(reason)
-
-    def __str__(self) -> str:
-        return f"default_collate: {self.reason} at {format_path(self.path)}"
-
-
-class CollateTypeError(_Located, TypeError):
-    """A sample holds a type collation does not support, or types differ across samples."""
-
-
-class CollateValueError(_Located, ValueError):
-    """Samples do not line up: arrays of different shapes, sequences of different lengths."""
-
-
-def format_path(path: Sequence[Any]) -> str:
-    """`sample['image'][1]` for the keys ['image', 1]."""
-    return "sample" + "".join(f"[{key!r}]" for key in path)
-
-
+# ----------------------------------------------------------------- error paths
 @contextlib.contextmanager
 def at(key: Any) -> Iterator[None]:
     """Prefix `key` to the path of a collate error raised inside the block."""

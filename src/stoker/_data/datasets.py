@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeGuard, TypeVar
 
+from .errors import DatasetTypeError, DatasetValueError
 from .rng import GeneratorLike, RandomSource
 
 T_co = TypeVar("T_co", covariant=True)
@@ -52,14 +53,6 @@ def is_iterable_dataset(obj: Any) -> TypeGuard[Iterable[Any]]:
         return True
     torch_data = sys.modules.get("torch.utils.data")
     return torch_data is not None and isinstance(obj, torch_data.IterableDataset)
-
-
-class DatasetValueError(ValueError, AssertionError):
-    """Datasets that do not fit together (torch asserts here; this is also a ValueError)."""
-
-
-class DatasetTypeError(TypeError, AssertionError):
-    """A dataset of the wrong kind (torch asserts here; this is also a TypeError)."""
 
 
 def _length(obj: Any) -> int:

@@ -28,15 +28,13 @@ import numpy as np
 from .collate import (
     _ALLOC,
     CollateFnMap,
-    CollateTypeError,
-    CollateValueError,
-    _Located,
     collate_containers,
     empty,
     lookup,
     stack_tensors,
     stack_uniform,
 )
+from .errors import CollateRuntimeError, CollateTypeError, CollateValueError
 
 _STRING_OR_OBJECT = re.compile(r"[SaUO]")
 
@@ -72,10 +70,6 @@ def _batch_tensor(out: np.ndarray) -> Any:
     import torch
 
     return torch.from_numpy(out)
-
-
-class CollateRuntimeError(_Located, RuntimeError):
-    """Samples do not line up (torch raises RuntimeError here; so do we, with the path)."""
 
 
 # Types whose lists numpy turns into the same values and dtype as `torch.as_tensor` does

@@ -13,14 +13,11 @@ import numpy as np
 
 from .._core import seeding
 from .._core.stats import array_bytes
+from .errors import MeasureError
 from .target import Target, _first_line
 
 PROFILE_SAMPLES = 256  # at most this many dataset[i] calls in the main-process profile
 REPLAY_BATCHES = 8  # cached batches the headroom replay cycles through
-
-
-class MeasureError(Exception):
-    """The dataset failed while the doctor measured it (one line, naming the sample)."""
 
 
 def touch(batch: Any) -> int:

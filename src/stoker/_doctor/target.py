@@ -17,11 +17,7 @@ from .._core import seeding
 from .._core.auto import Auto
 from .._core.loader import start_method_of
 from .._data.datasets import is_iterable_dataset
-
-
-class DoctorError(Exception):
-    """A problem with the target (import, factory, returned object): one line, exit 2."""
-
+from .errors import DoctorError
 
 
 @dataclass(frozen=True)

@@ -49,9 +49,9 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, NamedTuple, cast
 
 from .._base.process import PerProcess, at_fork
-from .formats import CorruptShardError
+from .errors import CacheFullError, CorruptShardError
 
-__all__ = ["CacheFullError", "CorruptShardError", "ShardCache", "measure_usage"]
+__all__ = ["ShardCache", "measure_usage"]
 
 _GLOBAL_LOCK = "cache.lock"
 _SHARDS = "shards"
@@ -62,12 +62,6 @@ _TMP_SUFFIX = ".part"
 _MAX_POLL_S = 0.05
 # escaped names longer than this end in a hash instead (file names are limited to 255 bytes)
 _MAX_NAME = 180
-
-
-class CacheFullError(OSError):
-    """The cache cannot make room for a shard: what it holds is pinned or being downloaded,
-    and stayed so until the timeout. The message names the folder, the cap, the bytes in
-    use and pinned, and the shard's size."""
 
 
 # Every descriptor this module holds a lock through. A process forked while one is open would

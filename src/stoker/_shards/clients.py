@@ -15,6 +15,15 @@ import urllib.parse
 from datetime import timedelta
 from typing import Any, BinaryIO
 
+from .errors import (
+    MissingObjectError,
+    OwnerGone,
+    RangeNotSatisfiable,
+    Relayed,
+    SizeMismatch,
+    Transient,
+)
+
 # How much of an object is held in memory at once while it is downloaded.
 CHUNK_BYTES = 8 << 20
 OBSTORE_SCHEMES = frozenset({"s3", "s3a", "gs", "az", "azure", "abfs", "abfss", "http", "https"})
@@ -38,100 +47,12 @@ S3_OPTION_KEYS = {
 }
 
 
-class StoreError(OSError):
-    """A request to the store failed after its retries; the message names the URL.
-
-    Args:
-        url: The object's (or prefix's) URL.
-        reason: What went wrong, last cause included.
-    """
-
-    def __init__(self, url: str, reason: str) -> None:
-        super().__init__(f"{url}: {reason}")
-        self.url = url
-        self.reason = reason
-
-    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
-        # rebuilt from (url, reason), so that a worker's error crosses to the main process
-        return type(self), (self.url, self.reason)
-
-
-class MissingObjectError(FileNotFoundError):
-    """The object is not in the store; the message names its URL.
-
-    Args:
-        url: The object's URL.
-        reason: What the store said. Defaults to "no such object".
-    """
-
-    def __init__(self, url: str, reason: str = "no such object") -> None:
-        super().__init__(f"{url}: {reason}")
-        self.url = url
-        self.reason = reason
-
-    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
-        # rebuilt from (url, reason), so that a worker's error crosses to the main process
-        return type(self), (self.url, self.reason)
-
-
-class AccessDeniedError(PermissionError):
-    """The store refused access to the object; the message names its URL.
-
-    Args:
-        url: The object's URL.
-        reason: What the store said. Defaults to "access denied".
-    """
-
-    def __init__(self, url: str, reason: str = "access denied") -> None:
-        super().__init__(f"{url}: {reason}")
-        self.url = url
-        self.reason = reason
-
-    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
-        # rebuilt from (url, reason), so that a worker's error crosses to the main process
-        return type(self), (self.url, self.reason)
-
-
-class Transient(Exception):
-    """A failure worth another attempt (raised by the backends for a short body)."""
-
-
 # An answer 416, as the clients word it. Not a bare "416": obstore's messages carry the
 # request's duration ("in 374.416µs"), which a 500 was once taken for.
 _RANGE_NOT_SATISFIABLE = re.compile(
     r"status(?: code)?:? 416\b|\b416 range not satisfiable|invalidrange|range was invalid|range is not satisfiable",
     re.IGNORECASE,
 )
-
-
-class Relayed(Exception):
-    """An exception raised by the client of the process that made this one's request (see
-    `relay`), as `classify` judged it there.
-
-    Args:
-        kind: "missing", "denied", "transient" or "fatal".
-        text: The original exception's type and message.
-    """
-
-    def __init__(self, kind: str, text: str) -> None:
-        super().__init__(text)
-        self.kind = kind
-
-    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
-        return type(self), (self.kind, str(self))
-
-
-class OwnerGone(Exception):
-    """The process that made this process's requests (see `relay`) has exited: asking again
-    cannot help."""
-
-
-class RangeNotSatisfiable(Exception):
-    """The store answered 416: the range starts at or past the object's end."""
-
-
-class SizeMismatch(Exception):
-    """The object is not the size the caller expected: not worth another attempt."""
 
 
 # The pid of the process whose obstore runtime has made requests. obstore's runtime does not

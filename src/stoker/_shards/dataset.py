@@ -34,9 +34,10 @@ from .._data.datasets import Dataset
 from .._data.identity import callable_name
 from .ahead import DownloadsAhead, Reads, download_parts
 from .cache import ShardCache
+from .errors import AccessDeniedError, MissingObjectError, StoreError
 from .formats import decode_auto, read_parquet_row, read_tar_sample
 from .index import Index
-from .store import AccessDeniedError, MissingObjectError, Store, StoreError
+from .store import Store
 
 # how many upcoming shards the downloads may run ahead of the batches being read, by default
 DEFAULT_PREFETCH_SHARDS = 4

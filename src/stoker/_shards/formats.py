@@ -33,6 +33,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .._base.process import at_fork
+from .errors import CorruptShardError
 
 __all__ = [
     "CorruptShardError",
@@ -52,13 +53,6 @@ _REGULAR = (b"0", b"\x00", b"7")
 _EXTENDED = (b"x", b"g", b"L", b"K")
 _NAME_RULE = re.compile(r"((?:.*/)?[^.]+)\.([^/]*)")
 _META_RULE = re.compile(r"__[^/]*__($|/)")
-
-
-class CorruptShardError(OSError):
-    """A shard's bytes do not parse as what its index says they are (a tar cut short, a
-    header whose checksum does not match, a sample range holding no sample or two), or a
-    whole shard's checksum does not match the index. The message names the shard and, where
-    known, the sample."""
 
 
 def _where(shard: str, sample: object) -> str:

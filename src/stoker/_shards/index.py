@@ -23,31 +23,21 @@ from typing import Any
 
 import numpy as np
 
-from .formats import CorruptShardError, iter_tar_samples, parquet_row_groups
-from .store import MissingObjectError, Store
+from .errors import (
+    INDEX_NAME,
+    CorruptShardError,
+    MalformedIndexError,
+    MissingIndexError,
+    MissingObjectError,
+)
+from .formats import iter_tar_samples, parquet_row_groups
+from .store import Store
 
 __all__ = ["INDEX_NAME", "Index", "MalformedIndexError", "MissingIndexError", "ShardInfo", "build_index"]
 
-INDEX_NAME = "stoker-index.json"
 VERSION = 1
 FORMATS = ("tar", "parquet")
 _SUFFIXES = {"tar": ".tar", "parquet": ".parquet"}
-
-
-class MissingIndexError(MissingObjectError):
-    """There is no `stoker-index.json` at the prefix; the message says how to build it."""
-
-    def __init__(self, url: str) -> None:
-        FileNotFoundError.__init__(
-            self,
-            f"no {INDEX_NAME} at {url}: build it once with `stoker index {url}` "
-            f"(or stoker.shards.build_index({url!r}))",
-        )
-        self.url = url
-
-
-class MalformedIndexError(ValueError):
-    """An index that is not what stoker writes: the message names the URL and what is wrong."""
 
 
 @dataclass(eq=False)

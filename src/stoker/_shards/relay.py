@@ -45,16 +45,8 @@ from collections.abc import Callable
 from typing import Any, BinaryIO, cast
 
 from .._base.process import at_fork
-from .clients import (
-    Backend,
-    OwnerGone,
-    RangeNotSatisfiable,
-    Relayed,
-    SizeMismatch,
-    Transient,
-    classify,
-    describe,
-)
+from .clients import Backend, classify, describe
+from .errors import OwnerGone, RangeNotSatisfiable, Relayed, SizeMismatch, Transient
 
 # How long a new connection has to present its token.
 HANDSHAKE_S = 10.0

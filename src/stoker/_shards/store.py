@@ -36,19 +36,21 @@ from . import relay
 from .clients import (
     OBSTORE_SCHEMES,
     S3_OPTION_KEYS,
-    AccessDeniedError,
     Backend,
     FsspecBackend,
     LocalBackend,
-    MissingObjectError,
     ObstoreBackend,
-    RangeNotSatisfiable,
-    StoreError,
-    Transient,
     classify,
     describe,
     obstore_installed,
     obstore_usable,
+)
+from .errors import (
+    AccessDeniedError,
+    MissingObjectError,
+    RangeNotSatisfiable,
+    StoreError,
+    Transient,
 )
 
 T = TypeVar("T")

@@ -40,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import DecodeError
+
 SCALE = (0.08, 1.0)
 RATIO = (3.0 / 4.0, 4.0 / 3.0)
 REDUCTIONS = (8, 4, 2)  # libjpeg's DCT scales below 1, largest first
@@ -531,14 +533,6 @@ def _is_pil(source: Any) -> bool:
     """Whether `source` is a PIL image (without importing Pillow when it is not loaded)."""
     module = sys.modules.get("PIL.Image")
     return module is not None and isinstance(source, module.Image)
-
-
-class DecodeError(OSError):
-    """An image that cannot be decoded: the message names the file (or the bytes) and why.
-
-    Raised by `DecodeCrop`; the original error is its `__cause__`. An `OSError`, as
-    Pillow's `UnidentifiedImageError` is.
-    """
 
 
 def _describe(source: Any) -> str:
