@@ -43,10 +43,8 @@ construction.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import itertools
-import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
 from math import gcd
 from typing import Any
@@ -55,7 +53,6 @@ import numpy as np
 
 MODES = ("repeat", "stop", "end")
 _TAG = 0x6D6978  # "mix": keeps these permutations apart from other streams of the same seed
-_STATE_VERSION = 1
 MATERIALIZE_MAX = 1 << 20  # larger sources are permuted index by index (Feistel), not materialised
 _MASK64 = (1 << 64) - 1
 TABLE_MAX = 1 << 22  # a pattern with a longer period is generated step by step, not from a table
@@ -248,7 +245,6 @@ class WeightedMix:
         self.counts: list[list[int]] = []
         self.length: int | None = None
         self._build()
-        self.position = 0
         self._perms: dict[int, tuple[int, np.ndarray]] = {}
         self._keys: dict[tuple[int, int], list[int]] = {}
         self._tables: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray] | None] = {}
@@ -409,68 +405,6 @@ class WeightedMix:
                     got[at] = self.perm(s, c)[js[at]]
             out[mask] = got
         return out
-
-    def iterate(self, start: int = 0) -> Iterator[tuple[int, int]]:
-        """The sequence from `start`, generated step by step (counts carried along)."""
-        p = start
-        while self.length is None or p < self.length:
-            i = self._piece(p)
-            w, base = self.weights[i], self.counts[i]
-            end = self.starts[i + 1] if i + 1 < len(self.starts) else self.length
-            c = prefix_counts(w, p - self.starts[i])
-            while (end is None or p < end):
-                s = next_source(w, c)
-                yield self._sample(s, base[s] + c[s])
-                c[s] += 1
-                p += 1
-
-    def __next__(self) -> tuple[int, int]:
-        if self.length is not None and self.position >= self.length:
-            raise StopIteration
-        out = self.mixed_at(self.position)
-        self.position += 1
-        return out
-
-    def __iter__(self) -> WeightedMix:
-        return self
-
-    # -- state --------------------------------------------------------------------------------
-
-    def fingerprint(self) -> str:
-        """A hash of what defines the sequence (sizes, schedule, seed, epoch, mode)."""
-        desc = json.dumps([self.sizes, self.user_schedule, self.seed, self.epoch, self.mode])
-        return hashlib.sha256(desc.encode()).hexdigest()[:16]
-
-    def state(self) -> dict[str, Any]:
-        """O(S) plain JSON: the position and what identifies this mix."""
-        return {"version": _STATE_VERSION, "position": self.position,
-                "sizes": list(self.sizes), "schedule_pieces": len(self.user_schedule),
-                "mode": self.mode, "fingerprint": self.fingerprint()}
-
-    def check_state(self, state: dict[str, Any]) -> int:
-        """The position of `state`; ValueError saying what differs if it is another mix's."""
-        if not isinstance(state, dict) or "position" not in state:
-            raise ValueError(f"not a mix state: {state!r}")
-        sizes = state.get("sizes")
-        if not isinstance(sizes, list) or len(sizes) != len(self.sizes):
-            n = len(sizes) if isinstance(sizes, list) else None
-            raise ValueError(f"the state is of a mix of {n} sources, this one has {len(self.sizes)}")
-        if sizes != self.sizes:
-            raise ValueError(f"the state's source sizes {sizes} differ from this mix's {self.sizes}")
-        if state.get("schedule_pieces") != len(self.user_schedule):
-            raise ValueError(f"the state's schedule has {state.get('schedule_pieces')} pieces, "
-                             f"this mix's has {len(self.user_schedule)}")
-        if state.get("mode") != self.mode:
-            raise ValueError(f"the state's mode {state.get('mode')!r} differs from {self.mode!r}")
-        if state.get("fingerprint") != self.fingerprint():
-            raise ValueError("the state's fingerprint differs: other weights, seed or epoch")
-        p = state["position"]
-        if not isinstance(p, int) or p < 0 or (self.length is not None and p > self.length):
-            raise ValueError(f"the state's position {p!r} is not within this mix")
-        return p
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        self.position = self.check_state(state)
 
 
 def _pieces(schedule: Any) -> list[tuple[int, Sequence[Any]]]:
