@@ -1,6 +1,8 @@
-"""The source layout's rules: no import circle among stoker's modules (imports inside functions
-included), no module above 600 lines unless the design page says why, and a wheel that holds
-the library and the doctor, none of the benchmark harness (benchmarks/stoker_bench)."""
+"""The source layout's rules: every import allowed by the layer rules of the module map
+(docs/design/modules.md, "Layer rules": which package may import which), no import circle
+among stoker's modules (imports inside functions included, for both), no module above 600
+lines unless the design page says why, and a wheel that holds the library and the doctor,
+none of the benchmark harness (benchmarks/stoker_bench)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 MAX_LINES = 600
+MODULE_MAP = ROOT / "docs" / "design" / "modules.md"
+CLI = {"stoker._cli", "stoker.__main__"}
 
 
 def _module_name(path: Path) -> str:
@@ -100,6 +104,71 @@ def test_no_import_circle_among_stokers_modules() -> None:
     graph = _graph()
     assert "stoker._core.arena" in graph and "stoker._core.protocol" in graph["stoker._core.arena"]
     assert _cycles(graph) == []
+
+
+def _layer(module: str) -> str:
+    """The layer a module belongs to, as the layer rules name it: its package under stoker,
+    `public` for the modules directly in stoker, `_cli` for the command line."""
+    if module in CLI:
+        return "_cli"
+    parts = module.split(".")
+    if len(parts) == 1 or (len(parts) == 2 and not (SRC / "stoker" / parts[1]).is_dir()):
+        return "public"
+    return parts[1]
+
+
+def _layer_rules(page: str) -> dict[str, set[str]]:
+    """The module map's table of layer rules: each package and the packages it may import."""
+    section = page.split("## Layer rules", 1)[1].split("\n## ", 1)[0]
+    rules: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) != 2 or not cells[0].startswith("`"):
+            continue
+        rules[cells[0].split("`")[1]] = set(re.findall(r"`([^`]+)`", cells[1]))
+    return rules
+
+
+def _broken(graph: dict[str, set[str]], rules: dict[str, set[str]]) -> list[str]:
+    return sorted(
+        f"{module} ({_layer(module)}) imports {target} ({_layer(target)})"
+        for module, targets in graph.items()
+        for target in targets
+        if _layer(target) != _layer(module) and _layer(target) not in rules.get(_layer(module), set())
+    )
+
+
+def test_the_import_reader_sees_imports_inside_functions(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from .._core import loader\n    import stoker._mix\n")
+    known = {"stoker._core", "stoker._core.loader", "stoker._mix", "stoker._shards"}
+    assert _imports(module, "stoker._shards.m", known) == {"stoker._core", "stoker._core.loader", "stoker._mix"}
+
+
+def test_the_layer_check_finds_an_import_that_points_up() -> None:
+    rules = {"_base": set(), "_data": {"_base"}, "_core": {"_base", "_data"}}
+    graph = {"stoker._data.a": {"stoker._base.b"}, "stoker._base.b": {"stoker._core.c"}, "stoker._core.c": set()}
+    assert _broken(graph, rules) == ["stoker._base.b (_base) imports stoker._core.c (_core)"]
+
+
+def test_the_layer_rules_cover_every_package_and_point_down() -> None:
+    rules = _layer_rules(MODULE_MAP.read_text())
+    layers = {_layer(module) for module in _graph()}
+    assert set(rules) == layers, f"packages without a row in the layer rules: {sorted(layers - set(rules))}; " \
+        f"rows for no package: {sorted(set(rules) - layers)}"
+    named = set().union(*rules.values())
+    assert named <= layers, f"the layer rules name unknown packages: {sorted(named - layers)}"
+    assert _cycles(rules) == [], "the layer rules make a circle"
+    # the promises of the design page, which the table may not loosen
+    assert rules["_base"] == set(), "_base imports nothing of stoker"
+    assert "_core" not in rules["_shards"] | rules["_mix"], "_shards and _mix import nothing of _core"
+    assert [layer for layer, allowed in rules.items() if "_doctor" in allowed] == ["_cli"], "nothing below imports _doctor"
+    assert "_data" not in rules["_base"] and "_core" not in rules["_data"]
+
+
+def test_every_import_follows_the_layer_rules() -> None:
+    broken = _broken(_graph(), _layer_rules(MODULE_MAP.read_text()))
+    assert not broken, "imports the layer rules of docs/design/modules.md do not allow:\n" + "\n".join(broken)
 
 
 def test_modules_above_600_lines_are_explained_on_the_design_page() -> None:
