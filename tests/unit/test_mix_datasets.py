@@ -257,9 +257,9 @@ def test_a_bad_document_names_its_source_and_index_when_packed() -> None:
             return np.arange(3, dtype=np.float64) if i == 7 else np.arange(3)
 
     class Measured(Broken):
-        lengths = np.full(20, 3, dtype=np.int64)  # planning reads these, not the documents
+        lengths = np.full(20, 3, dtype=np.int64)  # fetching reads these, not the documents
 
-    # measured for planning: the bad document is found then
+    # measured for fetching: the bad document is found then
     with pytest.raises(DocumentError, match=r"document 7 of source 1 has shape \(3,\) and dtype float64"):
         PackedDataset(MixedDataset([good, Broken()], [1, 1]), seq_len=16, window_size=8)
     with pytest.raises(DocumentError, match="document 7 of dataset has shape"):
@@ -479,8 +479,8 @@ def test_hugging_face_rows_are_documents_through_field() -> None:
     assert direct[0]["input_ids"][:3].tolist() == docs[0][direct.pieces(0)[0][0]][:3]
 
 
-class _Planning(TokenDataset):
-    """A source that plans ahead (`stoker_upcoming`): it records what it is told."""
+class _Fetching(TokenDataset):
+    """A source that fetches ahead (`stoker_upcoming`): it records what it is told."""
 
     def __init__(self, source: TokenDataset) -> None:
         super().__init__(source.tokens, source.offsets)
@@ -499,22 +499,22 @@ class _MyPacked(PackedDataset):
     """A user's subclass of PackedDataset."""
 
 
-def test_upcoming_batches_reach_the_sources_that_plan_ahead() -> None:
+def test_upcoming_batches_reach_the_sources_that_fetch_ahead() -> None:
     srcs = corpus()
-    planning = _Planning(srcs[1])
+    fetching = _Fetching(srcs[1])
     plain = MixedDataset(srcs, [0.5, 0.3, 0.2])
-    assert upcoming_of(plain) is None  # no source plans ahead: nor does the mix
+    assert upcoming_of(plain) is None  # no source fetches ahead: nor does the mix
     assert upcoming_of(PackedDataset(plain, seq_len=512, window_size=64)) is None
-    mix = MixedDataset([srcs[0], planning, srcs[2]], [0.5, 0.3, 0.2])
+    mix = MixedDataset([srcs[0], fetching, srcs[2]], [0.5, 0.3, 0.2])
     rows = PackedDataset(mix, seq_len=512, window_size=64)
     assert type(mix) is MixedDataset and type(rows) is PackedDataset  # no class is swapped
     assert upcoming_of(mix) is not None and upcoming_of(rows) is not None
     # a user's subclasses ask their instances as the classes do
     assert upcoming_of(_MyMix(srcs, [0.5, 0.3, 0.2])) is None
-    assert upcoming_of(_MyPacked(_MyMix([srcs[0], planning, srcs[2]], [0.5, 0.3, 0.2]), seq_len=512)) is not None
+    assert upcoming_of(_MyPacked(_MyMix([srcs[0], fetching, srcs[2]], [0.5, 0.3, 0.2]), seq_len=512)) is not None
     loader = stoker.DataLoader(rows, batch_size=4, sampler=StreamSampler(rows), collate_fn=collate_packed)
     assert sum(1 for _ in loader) == -(-len(rows) // 4)
     # told, in order, each of its samples that the epoch's rows hold (first mention of each)
     needed = [p for g in range(len(rows)) for p, _, _ in rows.pieces(g)]
     expected = [mix.source_at(p)[1] for p in dict.fromkeys(needed) if mix.source_at(p)[0] == 1]
-    assert list(dict.fromkeys(planning.told)) == list(dict.fromkeys(expected))
+    assert list(dict.fromkeys(fetching.told)) == list(dict.fromkeys(expected))

@@ -1,22 +1,22 @@
 """Every method and attribute stoker calls on a dataset or sampler it did not make: the one list.
 
 A dataset or sampler takes part in a stoker feature by defining the names below; nothing has
-to be inherited or registered. Each protocol is one role; the call sites import it (for an
-`isinstance` check or an annotation) so that a name stoker reads is declared here and nowhere
-else. docs/design/hooks.md lists them for dataset authors: who calls each, when, in which
-process, and what it must return.
+to be inherited or registered. Each protocol is one role; the call sites import it (and ask
+`follows(obj, Protocol)`, or call `upcoming_of`) so that a name stoker reads is declared here
+and nowhere else. docs/design/hooks.md lists them for dataset authors: who calls each, when,
+in which process, and what it must return.
 
 Roles:
 
-- `PlansAhead` / `MayPlanAhead`: told each batch's indices as the loader's sampler draws
-  them, ahead of dispatch (downloads ahead of the batches); `stoker_plans_ahead()` lets an
-  instance say it has nothing to plan, so that its sampler is read one batch at a time.
+- `FetchesAhead` / `MayFetchAhead`: told each batch's indices as the loader's sampler draws
+  them, ahead of dispatch (downloads ahead of the batches); `stoker_fetches_ahead()` lets an
+  instance say it has nothing to fetch, so that its sampler is read one batch at a time.
 - `DescribesStream`: what a loader state saved over it must agree on (the state's config).
 - `ReportsToDoctor`: the lines `stoker doctor` prints for it.
 - `KnowsLengths`, `KnowsStreamLengths`, `NamesDocuments`, `HasField`: the token counts and
   the documents' names that mixing and packing read without reading the tokens.
 - `HasShards`, `LocatesRows`: a sharded dataset's shard boundaries (shard-aware orders) and
-  a packed stream's row lookup (planned in the loader's process before workers start).
+  a packed stream's row lookup (packed in the loader's process before workers start).
 - `ResumableSampler`, `OrdersRankShares`, `SetsEpoch`: how a sampler is resumed at a batch
   without replaying the batches before it, and how its epoch is kept.
 - `Stateful`: torchdata's `state_dict()` / `load_state_dict(state)`, on a user's sampler or
@@ -37,7 +37,7 @@ import numpy as np
 
 
 @runtime_checkable
-class PlansAhead(Protocol):
+class FetchesAhead(Protocol):
     """A map-style dataset told each batch's indices as the loader's sampler draws them, ahead
     of their dispatch (`stoker.shards.ShardedDataset` downloads their shards).
 
@@ -61,29 +61,29 @@ class PlansAhead(Protocol):
 
 
 @runtime_checkable
-class MayPlanAhead(PlansAhead, Protocol):
-    """A `PlansAhead` dataset whose instances decide whether they plan: a wrapper (a mix, a
-    packing) that plans only when what it wraps does. Asked once per iterator, before the
+class MayFetchAhead(FetchesAhead, Protocol):
+    """A `FetchesAhead` dataset whose instances decide whether they fetch ahead: a wrapper (a mix, a
+    packing) that fetches ahead only when what it wraps does. Asked once per iterator, before the
     first batch is drawn; False means the sampler is read one batch at a time, as for a
     dataset without `stoker_upcoming`."""
 
-    def stoker_plans_ahead(self) -> bool:
-        """Whether this instance has anything to plan (its `stoker_upcoming` is worth calling)."""
+    def stoker_fetches_ahead(self) -> bool:
+        """Whether this instance has anything to fetch ahead (its `stoker_upcoming` is worth calling)."""
         ...
 
 
 def upcoming_of(dataset: Any) -> Callable[[list[int], int], bool] | None:
-    """The dataset's bound `stoker_upcoming` when it plans ahead, else None.
+    """The dataset's bound `stoker_upcoming` when it fetches ahead, else None.
 
     Read from the class (a wrapper's `__getattr__` is never consulted); a class that defines
-    `stoker_plans_ahead` is asked whether this instance plans.
+    `stoker_fetches_ahead` is asked whether this instance fetches ahead.
 
     Args:
         dataset: Any dataset.
     """
     if getattr(type(dataset), "stoker_upcoming", None) is None:
         return None
-    asks = getattr(type(dataset), "stoker_plans_ahead", None)
+    asks = getattr(type(dataset), "stoker_fetches_ahead", None)
     if asks is not None and not asks(dataset):
         return None
     hook: Callable[[list[int], int], bool] = dataset.stoker_upcoming

@@ -1,9 +1,9 @@
-"""Drawing ahead: a map-style dataset that plans ahead (`_base/hooks.py`'s `PlansAhead`,
+"""Drawing ahead: a map-style dataset that fetches ahead (`_base/hooks.py`'s `FetchesAhead`,
 `stoker_upcoming(indices, behind)`, read through `upcoming_of`) is told each batch's indices
 as the loader's sampler draws them, ahead of their dispatch, so it can fetch what they need
 (`stoker.shards.ShardedDataset` downloads their shards).
 
-The hook is opt-in by the dataset's class (and, through `stoker_plans_ahead`, by the
+The hook is opt-in by the dataset's class (and, through `stoker_fetches_ahead`, by the
 instance), and costs nothing to a dataset without it: its sampler is read exactly as before,
 one batch at a time when the scheduler dispatches. With it, the sampler is drawn ahead while
 the dataset answers True; what the loader delivers, its order and its `state_dict()` (a count

@@ -358,7 +358,7 @@ class MixedDataset(Dataset[Any]):
         return float(dev.max()) if dev.size else 0.0
 
     def upcoming_positions(self, positions: Sequence[int], behind: int) -> bool:
-        """Tell the sources that plan ahead (`stoker_upcoming`) which of their samples the mix's
+        """Tell the sources that fetch ahead (`stoker_upcoming`) which of their samples the mix's
         `positions` need (in order); True when all of those told want to be told more.
 
         Args:
@@ -383,13 +383,13 @@ class MixedDataset(Dataset[Any]):
                 more = bool(hook(j[s == src].tolist(), behind)) and more
         return more
 
-    def stoker_plans_ahead(self) -> bool:
-        """Whether a source plans ahead (a `ShardedDataset`): only then does the loader draw
+    def stoker_fetches_ahead(self) -> bool:
+        """Whether a source fetches ahead (a `ShardedDataset`): only then does the loader draw
         this mix's positions ahead, and pass each source its own samples."""
         return any(upcoming_of(source) is not None for source in self.sources)
 
     def stoker_upcoming(self, indices: list[int], behind: int) -> bool:
-        """Pass a batch's samples on to the sources that plan ahead, each told its own.
+        """Pass a batch's samples on to the sources that fetch ahead, each told its own.
 
         Args:
             indices: The batch's positions.

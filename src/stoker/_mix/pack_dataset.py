@@ -467,13 +467,13 @@ class PackedDataset(Dataset[dict[str, Any]]):
             lines.extend(self.dataset.stoker_doctor_lines())
         return lines
 
-    def stoker_plans_ahead(self) -> bool:
-        """Whether the documents' dataset plans ahead (a `ShardedDataset`, or a mix of
+    def stoker_fetches_ahead(self) -> bool:
+        """Whether the documents' dataset fetches ahead (a `ShardedDataset`, or a mix of
         sources of which one does): only then does the loader draw this dataset's rows ahead."""
         return upcoming_of(self.dataset) is not None
 
     def stoker_upcoming(self, indices: list[int], behind: int) -> bool:
-        """Pass the documents of a batch's rows on to the dataset that plans ahead, in order.
+        """Pass the documents of a batch's rows on to the dataset that fetches ahead, in order.
 
         Args:
             indices: The batch's rows.
@@ -481,7 +481,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
 
         Returns:
             True when the documents' dataset wants the drawing to run further ahead (True,
-            too, when it does not plan ahead).
+            too, when it does not fetch ahead).
         """
         inner = self.dataset
         hook = upcoming_of(inner)
