@@ -11,6 +11,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -421,24 +422,28 @@ def test_a_folder_that_cannot_be_made_is_named(tmp_path):
 
 
 def test_bad_arguments_name_the_argument(tmp_path):
-    for kwargs, word in [
-        (dict(cap_bytes=0), "cap_bytes"),
-        (dict(cap_bytes=True), "cap_bytes"),
-        (dict(cap_bytes=10, timeout_s=-1), "timeout_s"),
-        (dict(cap_bytes=10, timeout_s=float("nan")), "timeout_s"),
+    # a wrong type is a TypeError, a wrong value a ValueError, worded as torch words its own
+    for kwargs, error, message in [
+        (dict(cap_bytes=0), ValueError, "cap_bytes should be an int >= 1 (bytes), but got cap_bytes=0"),
+        (dict(cap_bytes=True), TypeError, "cap_bytes should be an int >= 1 (bytes), but got cap_bytes=True"),
+        (dict(cap_bytes=10, timeout_s=-1), ValueError, "timeout_s should be a finite number >= 0 (seconds)"),
+        (dict(cap_bytes=10, timeout_s=float("nan")), ValueError, "but got timeout_s=nan"),
+        (dict(cap_bytes=10, timeout_s="1"), TypeError, "but got timeout_s='1'"),
     ]:
-        with pytest.raises(ValueError, match=word):
+        with pytest.raises(error, match=re.escape(message)):
             ShardCache(str(tmp_path / "c"), **kwargs)
-    with pytest.raises(ValueError, match="directory"):
+    with pytest.raises(ValueError, match="directory should be a non-empty path, but got directory=''"):
         ShardCache("", 10)
+    with pytest.raises(TypeError, match="directory should be a non-empty path, but got directory=3"):
+        ShardCache(3, 10)  # type: ignore[arg-type]
     cache = ShardCache(str(tmp_path / "c"), 1000)
-    with pytest.raises(ValueError, match="name"):
+    with pytest.raises(ValueError, match="name should be a non-empty string without NUL, but got name=''"):
         cache.get("", 1, None, Fetch("", 1))
-    with pytest.raises(ValueError, match="size"):
+    with pytest.raises(ValueError, match=re.escape("size should be an int >= 0 (bytes), but got size=-1")):
         cache.get("a", -1, None, Fetch("a", 1))
-    with pytest.raises(ValueError, match="sha256"):
+    with pytest.raises(ValueError, match="sha256 should be 64 hex digits or None, but got sha256='abc'"):
         cache.get("a", 1, "abc", Fetch("a", 1))
-    with pytest.raises(ValueError, match="fetch"):
+    with pytest.raises(TypeError, match="fetch should be a callable taking a binary file, but got fetch=None"):
         cache.get("a", 1, None, None)  # type: ignore[arg-type]
 
 

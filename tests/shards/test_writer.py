@@ -132,17 +132,31 @@ def test_the_index_is_written_last(tmp_path) -> None:
     "kwargs, message",
     [
         ({"format": "zip"}, "format should be 'tar' or 'parquet'"),
-        ({"shard_bytes": 0}, "shard_bytes should be a positive int"),
+        ({"shard_bytes": 0}, r"shard_bytes should be an int >= 1 \(bytes per shard\), but got shard_bytes=0"),
         ({"fields": "cls"}, "fields should be a sequence"),
-        ({"fields": ("a", "a")}, "fields should name each field once"),
-        ({"workers": 0}, "workers should be a positive int or None"),
+        ({"fields": ("a", "a")}, "fields should be a sequence naming each field once"),
+        ({"workers": 0}, "workers should be an int >= 1 or None, but got workers=0"),
         ({"encode": "json"}, "encode should be 'auto', None or a callable"),
-        ({"row_group_size": -1}, "row_group_size should be a positive int or None"),
+        ({"row_group_size": -1}, r"row_group_size should be an int >= 1 \(rows\) or None"),
     ],
 )
 def test_argument_errors_name_the_argument(tmp_path, kwargs, message) -> None:
     with pytest.raises(ValueError, match=message):
         write_shards([{"txt": "a"}], str(tmp_path), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"shard_bytes": "1M"}, "shard_bytes should be an int >= 1"),
+        ({"workers": 1.5}, "workers should be an int >= 1 or None, but got workers=1.5"),
+        ({"url": b"s3://b"}, "url should be a non-empty string, but got url=b's3://b'"),
+    ],
+)
+def test_argument_types_are_type_errors(tmp_path, kwargs, message) -> None:
+    kwargs.setdefault("url", str(tmp_path))
+    with pytest.raises(TypeError, match=message):
+        write_shards([{"txt": "a"}], **kwargs)
 
 
 def test_sample_errors_name_the_sample(tmp_path) -> None:

@@ -48,7 +48,7 @@ def test_check_bool_callable_and_choice() -> None:
     assert check_choice("client", "auto", ("auto", "fsspec")) == "auto"
     with pytest.raises(ValueError, match=re.escape("client should be 'auto' or 'fsspec', but got client='s3'")):
         check_choice("client", "s3", ("auto", "fsspec"))
-    with pytest.raises(ValueError, match=re.escape("kind should be one of 'a', 'b' or 'c', but got kind=[]")):
+    with pytest.raises(ValueError, match=re.escape("kind should be 'a', 'b' or 'c', but got kind=[]")):
         check_choice("kind", [], {"a": 1, "b": 2, "c": 3})
     with pytest.raises(ValueError, match=re.escape("decode should be 'auto', None or a callable, but got decode=3")):
         check_choice("decode", 3, ("auto", None), also="a callable")

@@ -216,5 +216,5 @@ def check_choice(name: str, value: T, choices: Collection[Any], *, also: str | N
     if not found:
         listed = [repr(c) for c in choices] + ([also] if also else [])
         accepted = listed[0] if len(listed) == 1 else ", ".join(listed[:-1]) + " or " + listed[-1]
-        fail(ValueError, name, f"one of {accepted}" if len(listed) > 2 and not also else accepted, value)
+        fail(ValueError, name, accepted, value)
     return value

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, NamedTuple, cast
 
+from .._base.checks import check_callable, check_int, check_number, fail
 from .._base.process import PerProcess, at_fork
 from .errors import CacheFullError, CorruptShardError
 
@@ -281,23 +282,19 @@ class ShardCache:
             (>= 0). Defaults to 600.0.
 
     Raises:
-        ValueError: An argument is not of the kind described.
+        TypeError: An argument is not of the type described.
+        ValueError: An argument's value is not what is described.
         OSError: The folder cannot be created or written (`PermissionError` when access is
             denied); the message names the folder.
     """
 
     def __init__(self, directory: str, cap_bytes: int, timeout_s: float = 600.0) -> None:
-        if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
-            raise ValueError(f"directory should be a non-empty path, but got directory={directory!r}")
-        if not isinstance(cap_bytes, int) or isinstance(cap_bytes, bool) or cap_bytes <= 0:
-            raise ValueError(f"cap_bytes should be a positive int (bytes), but got cap_bytes={cap_bytes!r}")
-        if (
-            not isinstance(timeout_s, (int, float))
-            or isinstance(timeout_s, bool)
-            or not timeout_s >= 0
-            or timeout_s == float("inf")
-        ):
-            raise ValueError(f"timeout_s should be a finite number >= 0 (seconds), but got timeout_s={timeout_s!r}")
+        if not isinstance(directory, (str, os.PathLike)):
+            fail(TypeError, "directory", "a non-empty path", directory)
+        if not os.fspath(directory):
+            fail(ValueError, "directory", "a non-empty path", directory)
+        check_int("cap_bytes", cap_bytes, low=1, unit="bytes")
+        check_number("timeout_s", timeout_s, low=0, unit="seconds")
         self.directory = os.path.abspath(os.fspath(directory))
         self.cap_bytes = cap_bytes
         self.timeout_s = float(timeout_s)
@@ -384,7 +381,8 @@ class ShardCache:
             The path of its file (which may not exist).
 
         Raises:
-            ValueError: `name` is not a non-empty string.
+            TypeError: `name` is not a string.
+            ValueError: `name` is empty or holds a NUL.
         """
         _check_name(name)
         return os.path.join(self.directory, _SHARDS, _escape(name))
@@ -412,7 +410,8 @@ class ShardCache:
             The path of the shard's file in the cache.
 
         Raises:
-            ValueError: An argument is not of the kind described.
+            TypeError: An argument is not of the type described.
+            ValueError: An argument's value is not what is described.
             CacheFullError: The shard does not fit in the cap, even after evicting every shard
                 that nothing pins, within `timeout_s`.
             TimeoutError: Another process's download of the same shard did not end within
@@ -476,7 +475,8 @@ class ShardCache:
             when it did not fit.
 
         Raises:
-            ValueError: An argument is not of the kind described.
+            TypeError: An argument is not of the type described.
+            ValueError: An argument's value is not what is described.
             TimeoutError: Another process's download of the same shard, or the cache's lock,
                 was held for longer than `timeout_s`.
             CorruptShardError, OSError: As `get` (nothing is pinned then).
@@ -507,8 +507,7 @@ class ShardCache:
     ) -> bool:
         path = self.path_of(name)
         _check_get(size, sha256, fetch)
-        if not isinstance(spare_bytes, int) or isinstance(spare_bytes, bool) or spare_bytes < 0:
-            raise ValueError(f"spare_bytes should be an int >= 0 (bytes), but got spare_bytes={spare_bytes!r}")
+        check_int("spare_bytes", spare_bytes, low=0, unit="bytes")
         proc = self._proc
         with proc.lock:
             held = proc.pins.get(name)
@@ -892,7 +891,8 @@ class ShardCache:
             name: The shard's name.
 
         Raises:
-            ValueError: `name` is not a non-empty string.
+            TypeError: `name` is not a string.
+            ValueError: `name` is empty or holds a NUL.
             FileNotFoundError: The shard is not in the cache (never fetched, or evicted): call
                 `get` and pin again.
             TimeoutError: An eviction of the shard held it for longer than `timeout_s`.
@@ -972,7 +972,8 @@ class ShardCache:
             The shard's file, opened in binary mode (closed when the block ends).
 
         Raises:
-            ValueError: `name` is not a non-empty string.
+            TypeError: `name` is not a string.
+            ValueError: `name` is empty or holds a NUL.
             FileNotFoundError: The shard is not in the cache (evicted since `get`): call
                 `get` again.
         """
@@ -988,16 +989,17 @@ class ShardCache:
 
 
 def _check_get(size: object, sha256: object, fetch: object) -> None:
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise ValueError(f"size should be an int >= 0 (bytes), but got size={size!r}")
-    if sha256 is not None and (
-        not isinstance(sha256, str) or len(sha256) != 64 or any(c not in "0123456789abcdefABCDEF" for c in sha256)
-    ):
-        raise ValueError(f"sha256 should be 64 hex digits or None, but got sha256={sha256!r}")
-    if not callable(fetch):
-        raise ValueError(f"fetch should be a callable taking a binary file, but got fetch={fetch!r}")
+    check_int("size", size, low=0, unit="bytes")
+    if sha256 is not None:
+        if not isinstance(sha256, str):
+            fail(TypeError, "sha256", "64 hex digits or None", sha256)
+        if len(sha256) != 64 or any(c not in "0123456789abcdefABCDEF" for c in sha256):
+            fail(ValueError, "sha256", "64 hex digits or None", sha256)
+    check_callable("fetch", fetch, takes="a binary file")
 
 
 def _check_name(name: object) -> None:
-    if not isinstance(name, str) or not name or "\x00" in name:
-        raise ValueError(f"name should be a non-empty string without NUL, but got name={name!r}")
+    if not isinstance(name, str):
+        fail(TypeError, "name", "a non-empty string without NUL", name)
+    if not name or "\x00" in name:
+        fail(ValueError, "name", "a non-empty string without NUL", name)

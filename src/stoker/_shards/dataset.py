@@ -29,6 +29,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from .._base.checks import check_bool, check_callable, check_choice, check_int, check_number
 from .._base.process import PerProcess, finalize
 from .._data.datasets import Dataset
 from .._data.identity import callable_name
@@ -99,8 +100,9 @@ class ShardedDataset(Dataset[Any]):
 
     Raises:
         MissingObjectError: when the prefix has no index (the message says how to build it).
-        ValueError: when an argument is outside what it accepts (the message names it).
-        TypeError: when `allow_pickle` is not a bool.
+        TypeError: when an argument is not of the type it accepts (the message names it).
+        ValueError: when an argument's value is outside what it accepts (the message names
+            it), or `cache_bytes` is smaller than the largest shard.
     """
 
     def __init__(
@@ -120,15 +122,17 @@ class ShardedDataset(Dataset[Any]):
         part_bytes: int | None = 16777216,
         allow_pickle: bool = False,
     ) -> None:
-        if not (decode is None or decode == "auto" or callable(decode)):
-            raise ValueError(f"decode should be 'auto', None or a callable, but got decode={decode!r}")
-        if not isinstance(allow_pickle, bool):
-            raise TypeError(f"allow_pickle should be a bool, but got allow_pickle={allow_pickle!r}")
-        if transform is not None and not callable(transform):
-            raise ValueError(f"transform should be a callable or None, but got transform={transform!r}")
-        for name, value, least in (("prefetch_shards", prefetch_shards, 0), ("download_threads", download_threads, 1)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise ValueError(f"{name} should be an int >= {least}, but got {name}={value!r}")
+        if not callable(decode):
+            check_choice("decode", decode, ("auto", None), also="a callable")
+        check_bool("allow_pickle", allow_pickle)
+        check_callable("transform", transform, none_ok=True)
+        check_int("prefetch_shards", prefetch_shards, low=0)
+        check_int("download_threads", download_threads, low=1)
+        check_int("cache_bytes", cache_bytes, low=1, unit="bytes", none_ok=True)
+        check_int("part_bytes", part_bytes, low=1, unit="bytes", none_ok=True)
+        check_number("timeout_s", timeout_s, low=0, unit="seconds")
+        check_int("store_retries", store_retries, low=0)
+        check_number("store_timeout_s", store_timeout_s, above=0, unit="seconds")
         self.url = url
         self.store = Store(
             url, storage_options=storage_options, client=client, retries=store_retries, timeout_s=store_timeout_s
@@ -140,8 +144,6 @@ class ShardedDataset(Dataset[Any]):
         self.allow_pickle = allow_pickle
         self.transform = transform
         self.prefetch_shards = prefetch_shards
-        if part_bytes is not None and (not isinstance(part_bytes, int) or isinstance(part_bytes, bool) or part_bytes < 1):
-            raise ValueError(f"part_bytes should be a positive int or None, but got part_bytes={part_bytes!r}")
         self.part_bytes = part_bytes
         self.download_threads = download_threads
         folder = cache_dir if cache_dir is not None else os.path.join(tempfile.gettempdir(), "stoker-shards")
@@ -157,8 +159,6 @@ class ShardedDataset(Dataset[Any]):
                 ) from exc
             stat = os.statvfs(folder)
             cache_bytes = max(1, min(sum(self._sizes), stat.f_bavail * stat.f_frsize // 2))
-        if not isinstance(cache_bytes, int) or isinstance(cache_bytes, bool) or cache_bytes <= 0:
-            raise ValueError(f"cache_bytes should be a positive int (bytes) or None, but got cache_bytes={cache_bytes!r}")
         largest = max(self._sizes, default=0)
         if cache_bytes < largest:
             raise ValueError(

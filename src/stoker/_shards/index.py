@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .._base.checks import check_choice, check_int
 from .errors import (
     INDEX_NAME,
     CorruptShardError,
@@ -175,8 +176,7 @@ class Index:
     """
 
     def __init__(self, format: str, shards: Sequence[ShardInfo]) -> None:
-        if format not in FORMATS:
-            raise ValueError(f"format should be 'tar' or 'parquet', but got format={format!r}")
+        check_choice("format", format, FORMATS)
         self.format = format
         self.shards = list(shards)
         counts = np.fromiter((s.samples for s in self.shards), dtype=np.int64, count=len(self.shards))
@@ -364,15 +364,14 @@ def build_index(
         The Index, also saved at the prefix.
 
     Raises:
+        TypeError: when `threads` is not an int.
         ValueError: when `format` is not "tar", "parquet" or None, `threads` is below 1, the
             prefix holds no shards, or it holds both kinds and `format` is None.
         CorruptShardError: when a shard does not parse; it names the shard and sample.
         OSError: the store's errors (each names the URL).
     """
-    if format is not None and format not in FORMATS:
-        raise ValueError(f"format should be 'tar', 'parquet' or None, but got format={format!r}")
-    if not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads should be a positive int, but got threads={threads!r}")
+    check_choice("format", format, (*FORMATS, None))
+    check_int("threads", threads, low=1)
     store = Store(url, storage_options=storage_options)
     names = store.list()
     found = {fmt: [n for n in names if n.endswith(_SUFFIXES[fmt])] for fmt in FORMATS}

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TypeVar
 
+from .._base.checks import check_choice, check_int, check_number, fail
 from .._base.process import PerProcess
 from . import relay
 from .clients import (
@@ -106,13 +107,11 @@ def split_url(url: str) -> tuple[str, str]:
         the whole URL).
 
     Raises:
-        ValueError: when `url` is not a non-empty string.
+        TypeError: when `url` is not a string.
+        ValueError: when `url` is empty.
     """
     if not isinstance(url, str) or not url:
-        raise ValueError(
-            f"url should be a non-empty string such as 's3://bucket/prefix' or a path, "
-            f"but got url={url!r}"
-        )
+        fail(ValueError if isinstance(url, str) else TypeError, "url", "a non-empty string such as 's3://bucket/prefix' or a path", url)
     parsed = urllib.parse.urlsplit(url)
     if len(parsed.scheme) <= 1:  # a plain path (or a Windows drive letter)
         return "file", os.path.abspath(url)
@@ -144,8 +143,10 @@ class Store:
             Defaults to 30.0.
 
     Raises:
-        ValueError: when `url` is not a non-empty string, `client` is not one of the three,
-            or `retries`, `backoff_s` or `timeout_s` is negative (or `timeout_s` is 0).
+        TypeError: when `url` is not a string, or `retries`, `backoff_s` or `timeout_s` is
+            not a number (an int, for `retries`).
+        ValueError: when `url` is empty, `client` is not one of the three, or `retries`,
+            `backoff_s` or `timeout_s` is negative (or `timeout_s` is 0).
     """
 
     def __init__(
@@ -160,16 +161,10 @@ class Store:
         self.scheme, self._root = split_url(url)
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
-        if client not in ("auto", "obstore", "fsspec"):
-            raise ValueError(
-                f"client should be 'auto', 'obstore' or 'fsspec', but got client={client!r}"
-            )
-        if not isinstance(retries, int) or retries < 0:
-            raise ValueError(f"retries should be an int >= 0, but got retries={retries!r}")
-        if backoff_s < 0:
-            raise ValueError(f"backoff_s should be >= 0, but got backoff_s={backoff_s!r}")
-        if timeout_s <= 0:
-            raise ValueError(f"timeout_s should be > 0, but got timeout_s={timeout_s!r}")
+        check_choice("client", client, ("auto", "obstore", "fsspec"))
+        check_int("retries", retries, low=0)
+        check_number("backoff_s", backoff_s, low=0, unit="seconds")
+        check_number("timeout_s", timeout_s, above=0, unit="seconds")
         self.client = client
         self.retries = retries
         self.backoff_s = backoff_s

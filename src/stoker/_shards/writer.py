@@ -22,6 +22,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from .._base.checks import check_choice, check_int, fail
 from .formats import BLOCK, _padded, _pyarrow, encode_auto, split_name
 from .index import FORMATS, Index, ShardInfo
 from .store import Store
@@ -163,8 +164,7 @@ def write_parquet(
     pa, pq = _pyarrow()
     if not rows:
         raise ValueError("rows is empty: a Parquet shard needs at least one row")
-    if row_group_size < 1:
-        raise ValueError(f"row_group_size should be a positive number of rows, but got {row_group_size!r}")
+    check_int("row_group_size", row_group_size, low=1, unit="rows")
     columns = list(rows[0])
     for i, row in enumerate(rows):
         if list(row) != columns and set(row) != set(columns):
@@ -343,28 +343,24 @@ def _check(
     encode: str | Encoder | None,
     row_group_size: int | None,
 ) -> tuple[tuple[str, ...] | None, Encoder | None]:
-    if format not in FORMATS:
-        raise ValueError(f"format should be 'tar' or 'parquet', but got format={format!r}")
-    if not isinstance(shard_bytes, int) or isinstance(shard_bytes, bool) or shard_bytes < 1:
-        raise ValueError(f"shard_bytes should be a positive int (bytes per shard), but got shard_bytes={shard_bytes!r}")
+    check_choice("format", format, FORMATS)
+    check_int("shard_bytes", shard_bytes, low=1, unit="bytes per shard")
     names: tuple[str, ...] | None = None
     if fields is not None:
         if isinstance(fields, str) or not all(isinstance(f, str) and f for f in fields):
-            raise ValueError(f"fields should be a sequence of non-empty field names, but got fields={fields!r}")
+            fail(ValueError, "fields", "a sequence of non-empty field names", fields)
         names = tuple(fields)
         if len(set(names)) != len(names):
-            raise ValueError(f"fields should name each field once, but got fields={fields!r}")
-    if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
-        raise ValueError(f"workers should be a positive int or None, but got workers={workers!r}")
-    if row_group_size is not None and (not isinstance(row_group_size, int) or row_group_size < 1):
-        raise ValueError(f"row_group_size should be a positive int or None, but got row_group_size={row_group_size!r}")
+            fail(ValueError, "fields", "a sequence naming each field once", fields)
+    check_int("workers", workers, low=1, none_ok=True)
+    check_int("row_group_size", row_group_size, low=1, unit="rows", none_ok=True)
     encoder: Encoder | None
     if encode == "auto":
         encoder = encode_auto if format == "tar" else _parquet_auto
     elif encode is None or callable(encode):
         encoder = encode
     else:
-        raise ValueError(f"encode should be 'auto', None or a callable(value, field), but got encode={encode!r}")
+        fail(ValueError, "encode", "'auto', None or a callable(value, field)", encode)
     return names, encoder
 
 
@@ -408,6 +404,8 @@ def write_shards(
         The Index of the written shards (also saved at `url`).
 
     Raises:
+        TypeError: when `url`, `shard_bytes`, `workers` or `row_group_size` is not of the type
+            it accepts (the message names it).
         ValueError: when an argument is not one of those accepted (the message names it), a
             sample is not a dict or a tuple that `fields` names, a value has no encoding, or
             the source is empty.
@@ -415,7 +413,7 @@ def write_shards(
     """
     names, encoder = _check(format, shard_bytes, fields, workers, encode, row_group_size)
     if not isinstance(url, str) or not url:
-        raise ValueError(f"url should be a non-empty string, but got url={url!r}")
+        fail(ValueError if isinstance(url, str) else TypeError, "url", "a non-empty string", url)
     spec = _WriteSpec(url, dict(storage_options or {}) or None, format, shard_bytes, names, encoder, row_group_size)
     map_style = hasattr(source, "__len__") and hasattr(source, "__getitem__") and not isinstance(source, Mapping)
     if not map_style and not isinstance(source, Iterable):
