@@ -301,13 +301,27 @@ def require_tqdm() -> Any:
         ) from exc
 
 
+_BARS: dict[type, type] = {}
+
+
+def _bar_class(tqdm: Any) -> Any:
+    """tqdm's bar class without its monitor thread. tqdm starts one with the first bar and
+    keeps it for the rest of the process; a loader's next epoch would fork its workers while
+    it runs (on Python 3.12+, a DeprecationWarning at each fork). The monitor only refreshes
+    bars whose dynamic `miniters` skip updates; ours updates with `miniters=1`."""
+    base = tqdm.tqdm
+    if base not in _BARS:
+        _BARS[base] = type("EpochTqdm", (base,), {"monitor_interval": 0})
+    return _BARS[base]
+
+
 class EpochBar:
     """A bar over one epoch's batches, with samples/s and readiness from the iterator's
     statistics."""
 
     def __init__(self, total: int | None, epoch: int) -> None:
-        tqdm = require_tqdm()
-        self._bar = tqdm.tqdm(total=total, desc=f"epoch {epoch}", unit="batch", dynamic_ncols=True)
+        bar = _bar_class(require_tqdm())
+        self._bar = bar(total=total, desc=f"epoch {epoch}", unit="batch", dynamic_ncols=True, miniters=1)
         self._next_refresh = clock() + REFRESH_S
 
     def advance(self, recorder: Recorder | None) -> None:

@@ -17,12 +17,19 @@ import mmap
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, BinaryIO
 
 import numpy as np
 
+from .._base.process import at_fork
+
+# imported first so that its at-fork hooks are registered first: `before` hooks run in the
+# reverse order, so this module's (which waits for the lease watch, which may unpin through
+# the cache) runs before the cache's takes the lock the cache's descriptors are opened under
+from . import cache as _cache  # noqa: F401
 from .store import Store
 
 
@@ -246,7 +253,9 @@ class DownloadsAhead:
     by an open file's lock: the kernel drops them with the process. A thread watches the read
     counts while a lease is held or wanted (between draws, and after the epoch's last draw), and
     stops when nothing is read or drawn for `STALL_S` (an iterator dropped half-way leaves
-    batches drawn that nobody reads: no thread goes on watching them)."""
+    batches drawn that nobody reads: no thread goes on watching them). Nor does the watch run
+    while this process forks (a loader's fork workers, the user's `os.fork()`): it is stopped
+    and joined just before, and the next draw starts it again (see `_quiet_for_fork`)."""
 
     WATCH_S = 0.02  # how often the read counts are looked at while a lease is held or wanted
     RETRY_S = 0.25  # how often a skipped lease is tried again when none of ours ended
@@ -269,6 +278,9 @@ class DownloadsAhead:
         self.retried = 0.0
         self.progress = time.monotonic()  # the last draw, or the last read the watch saw
         self.watching = False
+        self.watcher: threading.Thread | None = None
+        self.forking = False  # between the before- and after-fork hooks: no watch runs
+        self.wake = threading.Event()  # set: the watch stops now (a fork is coming)
         self.closed = False
         # leases are decided one after another in the order needed (their downloads overlap):
         # a shard needed later never takes the room of one needed sooner
@@ -301,11 +313,27 @@ class DownloadsAhead:
             ahead = set(wanted) - set(first)
             live = sum(dataset._sizes[s] for s in wanted)
             more = len(ahead) < dataset.prefetch_shards and 2 * live < dataset.cache_bytes
-            watch = self._watch_needed()
+            self._watch_if_needed()
         self._unpin(ended)
-        if watch:
-            threading.Thread(target=self._watch, name="stoker-shards-leases", daemon=True).start()
         return more
+
+    def pause_for_fork(self) -> None:
+        """Stop the watch and wait for its thread to end (it ends within one look at the read
+        counts); none starts until `resume_after_fork`. Leases are kept."""
+        with self.lock:
+            self.forking = True
+            thread = self.watcher
+        if thread is not None and thread is not threading.current_thread():
+            self.wake.set()
+            thread.join(timeout=_FORK_JOIN_S)
+            _wait_exited(thread)
+
+    def resume_after_fork(self) -> None:
+        """In the parent after a fork: the next draw starts the watch again. Not this hook: a
+        thread started here would run at Python's check for threads, just after the hooks."""
+        with self.lock:
+            self.forking = False
+            self.wake.clear()
 
     def _settle(self, retry: bool) -> tuple[dict[int, None], list[int]]:
         """Under the lock: the shards unread batches still need, in the order needed; the
@@ -324,18 +352,21 @@ class DownloadsAhead:
                     self.tickets += 1
         return wanted, ended
 
-    def _watch_needed(self) -> bool:
-        """Under the lock: whether to start the watching thread (one that is not running)."""
-        if self.watching or self.closed or not (self.leased or self.jobs or self.uses):
-            return False
+    def _watch_if_needed(self) -> None:
+        """Under the lock: start the watching thread, if none runs and one is needed (started
+        under the lock, so that `pause_for_fork` sees every watch that runs)."""
+        if self.watching or self.closed or self.forking or not (self.leased or self.jobs or self.uses):
+            return
         self.watching = True
-        return True
+        self.watcher = threading.Thread(target=self._watch, name="stoker-shards-leases", daemon=True)
+        _live.add(self)
+        self.watcher.start()
 
     def _watch(self) -> None:
         """End leases as their samples are read, and try skipped ones again, while any lease is
         held or wanted; then the thread ends (none idles in a process the user may fork)."""
         while True:
-            time.sleep(self.WATCH_S)
+            self.wake.wait(self.WATCH_S)
             with self.lock:
                 before = int(self.read.sum())
                 now = time.monotonic()
@@ -343,7 +374,7 @@ class DownloadsAhead:
                 if int(self.read.sum()) != before:
                     self.progress = now
                 stalled = now - self.progress >= self.STALL_S
-                if self.closed or stalled or not (self.leased or self.jobs or wanted):
+                if self.closed or self.forking or stalled or not (self.leased or self.jobs or wanted):
                     self.watching = False  # every batch drawn is read: the next draw starts one
                     stop = True
                 else:
@@ -397,3 +428,43 @@ class DownloadsAhead:
             self.turns.notify_all()
         self.pool.shutdown()
         self._unpin(ended)
+
+
+# how long a fork waits for a lease watch to end (it ends within one look at the read counts;
+# the bound only keeps a fork from waiting on a watch stuck in a slow file system)
+_FORK_JOIN_S = 5.0
+def _wait_exited(thread: threading.Thread) -> None:
+    """Wait until a joined thread's OS thread is gone (Linux; a bounded wait): `join` returns
+    once its Python part has ended, a moment (well under a millisecond) before the OS thread
+    exits, and Python 3.12 counts the OS threads when it checks a fork for threads."""
+    if thread.is_alive() or thread.native_id is None:
+        return
+    task = f"/proc/self/task/{thread.native_id}"
+    deadline = time.monotonic() + _FORK_JOIN_S
+    while os.path.exists(task) and time.monotonic() < deadline:
+        time.sleep(0.0002)
+
+
+# the DownloadsAhead of this process that have started a watch
+_live: weakref.WeakSet[DownloadsAhead] = weakref.WeakSet()
+
+
+def _quiet_for_fork() -> None:
+    """Before this process forks: no lease watch runs (a fork with threads running copies
+    their locks held; Python 3.12+ warns at such a fork). The downloads under way, if any, go
+    on: a download is not stopped for a fork."""
+    for ahead in list(_live):
+        ahead.pause_for_fork()
+
+
+def _resume_in_parent() -> None:
+    for ahead in list(_live):
+        ahead.resume_after_fork()
+
+
+def _forget_in_child() -> None:
+    """The child's copies are the parent's downloads ahead; the child makes its own."""
+    _live.clear()
+
+
+at_fork(before=_quiet_for_fork, after_in_parent=_resume_in_parent, after_in_child=_forget_in_child)
