@@ -124,6 +124,23 @@ def test_half_an_epoch_then_the_next_as_in_torch(persistent: bool) -> None:
     assert sorted(ours[1]) == list(range(N))  # nothing of the abandoned epoch, nothing twice
 
 
+def test_a_persistent_iterator_shut_down_as_torchs_tests_do() -> None:
+    # torch's own tests stop a persistent loader's workers through its private iterator
+    def run(loader_cls: type) -> list[Any]:
+        torch.manual_seed(5)
+        loader = loader_cls(
+            _pipe(), num_workers=2, batch_size=4, persistent_workers=True, timeout=WAIT_S
+        )
+        out = [[x for b in loader for x in _items(b)]]
+        loader._iterator._shutdown_workers()
+        loader._iterator = None
+        out.append([x for b in loader for x in _items(b)])
+        return out
+
+    theirs, ours = run(tud.DataLoader), run(st.DataLoader)
+    assert ours == theirs
+
+
 def _fails_at_seven(x: int) -> int:
     if x == 7:
         raise ValueError(f"item {x} is bad")

@@ -612,6 +612,11 @@ class LoaderIterator(Generic[T]):
         self._stop_stats()
         self._close()
 
+    def _shutdown_workers(self) -> None:
+        """torch's private name for `close()`, which torch's own tests (and some users) call on
+        a persistent loader's `_iterator` before dropping it."""
+        self.close()
+
     # ------------------------------------------------------------ statistics
     def stats(self) -> LoaderStats:
         """The figures of the epoch this iterator is delivering (or delivered last), since
