@@ -202,13 +202,19 @@ class OrdersRankShares(Protocol):
 @runtime_checkable
 class SetsEpoch(Protocol):
     """A sampler whose order depends on the epoch it was told (`DistributedSampler`'s
-    convention). A loader state records `epoch` and a resume calls `set_epoch` with it."""
-
-    epoch: int
+    convention). A resume calls `set_epoch` with the state's epoch; the loader does not
+    dispatch the next epoch before `iter()` asks for it (set_epoch must come first)."""
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch `epoch`'s order."""
         ...
+
+
+@runtime_checkable
+class KeepsEpoch(SetsEpoch, Protocol):
+    """A `SetsEpoch` sampler that says which epoch it is in: a loader state records `epoch`."""
+
+    epoch: int
 
 
 @runtime_checkable

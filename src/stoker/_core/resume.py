@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._base.hooks import DescribesStream, ResumableSampler, SetsEpoch, follows
+from .._base.hooks import DescribesStream, KeepsEpoch, ResumableSampler, SetsEpoch, follows
 from .._data.identity import describe_data, prefixed
 from .._data.rng import RandomSource
 from .._data.samplers import BatchSampler
@@ -250,7 +250,7 @@ def capture_epoch(index_sampler: Any, seed_source: RandomSource, draws_seed: boo
     if isinstance(index_sampler, BatchSampler):
         sampler["rollover"] = list(index_sampler._leftover)
     for part in (index_sampler, _inner(index_sampler)):
-        if follows(part, SetsEpoch):
+        if follows(part, KeepsEpoch):
             sampler["epoch"] = int(part.epoch)
     user = stateful_user_sampler(index_sampler)
     if user is not None:
@@ -292,7 +292,7 @@ def open_epoch(
             index_sampler._leftover = [int(i) for i in sampler_state.get("rollover", [])]
         if "epoch" in sampler_state:
             for part in (index_sampler, _inner(index_sampler)):
-                if part is not None and hasattr(part, "set_epoch"):
+                if follows(part, SetsEpoch):
                     part.set_epoch(sampler_state["epoch"])
         user = stateful_user_sampler(index_sampler)
         if "user" in sampler_state and user is not None:

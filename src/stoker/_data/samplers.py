@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from .._base.hooks import ResumableSampler, follows
 from .rng import GeneratorLike, RandomSource
 
 T_co = TypeVar("T_co", covariant=True)
@@ -339,9 +340,9 @@ class BatchSampler(Sampler[list[int]]):
         step = max(0, skip * size - len(carried)) if skip else 0
         if skip:
             carried = []
-        inner = getattr(self.sampler, "_iter_from", None)
-        if inner is not None:
-            indices = inner(step)
+        sampler: Any = self.sampler
+        if follows(sampler, ResumableSampler):
+            indices = sampler._iter_from(step)
         else:
             indices = iter(self.sampler)
             next(itertools.islice(indices, step, step), None)

@@ -200,7 +200,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
         self.window_unit = check_window_unit(window_unit)
         self.method, self.long, self.pad_id, self.tensors = method, long, int(pad_id), bool(tensors)
         self.dataset = dataset
-        inner = getattr(dataset, "field", None) if isinstance(dataset, MixedDataset) else None
+        inner = dataset.field if isinstance(dataset, MixedDataset) else None  # HasField
         if field is None:
             field = inner
         elif not isinstance(field, str):

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from .._base.hooks import KnowsLengths, follows
 from .._data.datasets import Dataset
 from .._data.identity import array_digest
 from .errors import DocumentError
@@ -41,9 +42,8 @@ def lengths_of(dataset: Any, indices: np.ndarray, name: str = "dataset", field: 
     when it has one, else by reading each document (checked: a 1-D integer array, or a mapping
     holding one under `field`)."""
     indices = np.asarray(indices, dtype=np.int64)
-    known = getattr(dataset, "lengths", None)
-    if isinstance(known, np.ndarray) and known.ndim == 1:
-        return known[indices].astype(np.int64, copy=False)
+    if follows(dataset, KnowsLengths) and isinstance(dataset.lengths, np.ndarray) and dataset.lengths.ndim == 1:
+        return dataset.lengths[indices].astype(np.int64, copy=False)
     out = np.empty(len(indices), np.int64)
     for n, i in enumerate(indices.tolist()):
         out[n] = len(_check_document(dataset[i], f"document {i} of {name}", field))
