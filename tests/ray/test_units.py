@@ -60,9 +60,12 @@ def test_read_task_count_rule():
     assert sray.read_task_count(per * 4, 16) == 16
     assert sray.read_task_count(3, 16) == 3
     assert sray.read_task_count(1, 64) == 1
-    for bad in (0, -1, 2.5, True):
-        with pytest.raises(ValueError, match="read_tasks"):
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=f"read_tasks should be an int >= 1 or None, but got read_tasks={bad}"):
             sray.read_task_count(10, 2, requested=bad)
+    for bad_type in (2.5, True):
+        with pytest.raises(TypeError, match=f"read_tasks should be an int >= 1 or None, but got read_tasks={bad_type}"):
+            sray.read_task_count(10, 2, requested=bad_type)
 
 
 @pytest.mark.parametrize("n, batch, world, drop_last", [(50, 4, 2, False), (45, 3, 3, True), (7, 4, 4, False), (10, 3, 1, True)])
@@ -156,12 +159,16 @@ def test_in_order_false_refuses_state_dict():
 
 
 def test_bad_arguments_are_named():
-    with pytest.raises(ValueError, match="batch_size"):
+    with pytest.raises(ValueError, match="batch_size should be an int >= 1, but got batch_size=0"):
         make(batch_size=0)
+    with pytest.raises(TypeError, match="batch_size should be an int >= 1, but got batch_size='2'"):
+        make(batch_size="2")
     with pytest.raises(ValueError, match="Invalid rank 2"):
         make(rank=2)
-    with pytest.raises(ValueError, match="shuffle"):
+    with pytest.raises(TypeError, match="shuffle should be True or False, but got shuffle='yes'"):
         make(shuffle="yes")
+    with pytest.raises(TypeError, match=r"seed should be an int or None, but got seed=1\.5"):
+        make(seed=1.5)
     with pytest.raises(TypeError, match="map-style"):
         sray.DataLoader(iter([]), batch_size=2)
 

@@ -8,6 +8,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from .._base.checks import check_int
 from .._data.distributed import DistributedSampler
 from .._data.rng import RandomSource
 from .._data.samplers import BatchSampler
@@ -54,13 +55,11 @@ def read_task_count(units: int, cluster_cpus: float, requested: int | None = Non
         The number of read tasks, at least 1 and never more than `units`.
 
     Raises:
-        ValueError: when `requested` is not a positive int or None.
+        TypeError: when `requested` is not an int or None.
+        ValueError: when `requested` is below 1.
     """
     if requested is not None:
-        if not isinstance(requested, int) or isinstance(requested, bool) or requested < 1:
-            raise ValueError(
-                f"read_tasks should be a positive integer or None, but got read_tasks={requested!r}"
-            )
+        requested = check_int("read_tasks", requested, low=1, none_ok=True)
         return max(1, min(requested, units))
     by_size = math.ceil(units / UNITS_PER_TASK)
     return max(1, min(max(by_size, int(cluster_cpus)), units))

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from .._base.checks import check_bool, check_int
 from .._data.collate import default_collate
 from .._data.distributed import DEFAULT_SEED, DistributedSampler
 from .._data.samplers import BatchSampler
@@ -41,15 +42,7 @@ def _resolve_seed(seed: int | None) -> int:
     every rank, with nothing communicated)."""
     if seed is None:
         return DEFAULT_SEED
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ValueError(f"seed should be an integer or None, but got seed={seed!r}")
-    return seed
-
-
-def _check_int(value: Any, name: str, low: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} should be an integer >= {low}, but got {name}={value!r}")
-    return value
+    return int(check_int("seed", seed, none_ok=True))
 
 
 class DataLoader:
@@ -100,11 +93,12 @@ class DataLoader:
             Defaults to None.
 
     Raises:
-        TypeError: when `dataset` has no `__len__` or `__getitem__`.
-        ValueError: when `batch_size` or `world_size` is not a positive int, `rank` is
-            not in [0, world_size - 1], `prefetch_batches` is negative, `shuffle`,
-            `drop_last` or `in_order` is not a bool, `read_tasks` is neither a positive
-            int nor None, or `seed` is neither an int nor None.
+        TypeError: when `dataset` has no `__len__` or `__getitem__`, `batch_size`,
+            `world_size`, `rank`, `prefetch_batches` or `read_tasks` is not an int (None
+            is accepted for `read_tasks` and `seed`), `seed` is not an int, or `shuffle`,
+            `drop_last` or `in_order` is not a bool.
+        ValueError: when `batch_size` or `world_size` is below 1, `rank` is not in
+            [0, world_size - 1], `prefetch_batches` is negative, or `read_tasks` is below 1.
     """
 
     def __init__(
@@ -127,18 +121,17 @@ class DataLoader:
                 f"stoker.ray.DataLoader takes a map-style dataset (with __len__ and __getitem__), "
                 f"got {_describe_type(dataset)}"
             )
-        self.batch_size = _check_int(batch_size, "batch_size", 1)
-        self.world_size = _check_int(world_size, "world_size", 1)
-        rank = _check_int(rank, "rank", 0)
+        self.batch_size = check_int("batch_size", batch_size, low=1)
+        self.world_size = check_int("world_size", world_size, low=1)
+        rank = check_int("rank", rank, low=0)
         if rank >= world_size:
             raise ValueError(
                 f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]"
             )
         self.rank = rank
-        self.prefetch_batches = _check_int(prefetch_batches, "prefetch_batches", 0)
+        self.prefetch_batches = check_int("prefetch_batches", prefetch_batches, low=0)
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last), ("in_order", in_order)):
-            if not isinstance(flag, bool):
-                raise ValueError(f"{name} should be a boolean value, but got {name}={flag!r}")
+            check_bool(name, flag)
         if read_tasks is not None:
             read_task_count(1, 1, read_tasks)  # checks the value
         self.dataset = dataset
@@ -165,9 +158,10 @@ class DataLoader:
             epoch: The epoch number, an int >= 0.
 
         Raises:
-            ValueError: when `epoch` is not an int >= 0.
+            TypeError: when `epoch` is not an int.
+            ValueError: when `epoch` is negative.
         """
-        epoch = _check_int(epoch, "epoch", 0)
+        epoch = check_int("epoch", epoch, low=0)
         if epoch != self.epoch:  # a loaded state was for another epoch: it no longer applies
             self._position = 0
             self._elastic = None

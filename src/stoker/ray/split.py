@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from .._base.checks import check_int
 from .._data.collate import default_collate
 from .blocks import _BatchRows
 from .epoch import _batch_tasks, _Units, base_seed_of, rank_batches, read_task_count
 from .errors import _describe_type, _explained
-from .loader import _check_int
 from .read import _cluster_cpus, _put_dataset, _ray_dataset
 
 
@@ -100,11 +100,13 @@ def streaming_split(
         `n` `StreamingSplit` iterables.
 
     Raises:
-        ValueError: when `n` is not a positive int, `batch_size` is not a positive int,
-            or `read_tasks` is neither a positive int nor None.
+        TypeError: when `n`, `batch_size` or `read_tasks` is not an int (None is accepted
+            for `read_tasks`).
+        ValueError: when `n`, `batch_size` or `read_tasks` is below 1.
         ShippingError: when the dataset cannot be pickled to send it to the cluster.
     """
-    _check_int(n, "n", 1)
+    check_int("n", n, low=1)
+    check_int("batch_size", batch_size, low=1)
     batches = rank_batches(
         len(dataset),
         batch_size,
