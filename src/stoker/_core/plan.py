@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from .._base.checks import check_bool, check_callable, check_int
 from .._data.datasets import is_iterable_dataset
 from .._data.distributed import ranks, torch_distributed_world
 from .._data.samplers import LAST_BATCH_CHOICES, native_index_sampler
@@ -128,21 +129,6 @@ class Flavour(Protocol):
     def _default_convert() -> Callable[[Any], Any]: ...
 
 
-def _check_int(value: Any, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} should be an int, but got {name}={value!r}")
-
-
-def _check_callable(value: Any, name: str) -> None:
-    if value is not None and not callable(value):
-        raise TypeError(f"{name} should be a callable or None, but got {name}={value!r}")
-
-
-def _check_bool(value: Any, name: str) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} should be True or False, but got {name}={value!r}")
-
-
 @dataclass(frozen=True)
 class Workers:
     """`num_workers` and the arguments checked against it."""
@@ -180,13 +166,13 @@ def resolve_workers(
     if not auto_workers:
         if isinstance(num_workers, str):
             raise TypeError(f"num_workers should be an int or 'auto', but got num_workers={num_workers!r}")
-        _check_int(num_workers, "num_workers")
+        check_int("num_workers", num_workers)
     if isinstance(prefetch_factor, str) and not auto_prefetch:
         raise TypeError(
             f"prefetch_factor should be an int, None or 'auto', but got prefetch_factor={prefetch_factor!r}"
         )
     given: int = 1 if auto_workers else num_workers  # "auto" may choose workers
-    _check_int(max_worker_restarts, "max_worker_restarts")
+    check_int("max_worker_restarts", max_worker_restarts)
     if max_worker_restarts < 0:
         raise ValueError(
             "max_worker_restarts should be a non-negative int (0: a worker's death raises), "
@@ -208,12 +194,12 @@ def resolve_workers(
     if given > 0 and prefetch_factor is None:
         prefetch_factor = 2
     elif prefetch_factor is not None and not auto_prefetch:
-        _check_int(prefetch_factor, "prefetch_factor")
+        check_int("prefetch_factor", prefetch_factor)
         if prefetch_factor < 0:
             raise ValueError("prefetch_factor option should be non-negative")
     if persistent_workers and given == 0:
         raise ValueError("persistent_workers option needs num_workers > 0")
-    _check_bool(auto_reload, "auto_reload")
+    check_bool("auto_reload", auto_reload)
     if auto_reload and not persistent_workers:
         raise ValueError(
             "auto_reload=True prefetches the next epoch on the workers that finish this one; "
@@ -235,9 +221,9 @@ def resolve_workers(
 
 def check_callables(collate_fn: Any, batchify_fn: Any, worker_init_fn: Any) -> None:
     """Each of the functions is a callable or None."""
-    _check_callable(collate_fn, "collate_fn")
-    _check_callable(batchify_fn, "batchify_fn")
-    _check_callable(worker_init_fn, "worker_init_fn")
+    check_callable("collate_fn", collate_fn, none_ok=True)
+    check_callable("batchify_fn", batchify_fn, none_ok=True)
+    check_callable("worker_init_fn", worker_init_fn, none_ok=True)
 
 
 def check_flags(
@@ -245,11 +231,11 @@ def check_flags(
 ) -> None:
     """The switches are bools that do not contradict each other; `progress=True` finds tqdm
     now rather than in the middle of a run."""
-    _check_bool(in_order, "in_order")
-    _check_bool(thread_pool, "thread_pool")
-    _check_bool(seed_each_batch, "seed_each_batch")
-    _check_bool(stats, "stats")
-    _check_bool(progress, "progress")
+    check_bool("in_order", in_order)
+    check_bool("thread_pool", thread_pool)
+    check_bool("seed_each_batch", seed_each_batch)
+    check_bool("stats", stats)
+    check_bool("progress", progress)
     if progress and not stats:
         raise ValueError(
             "progress=True shows figures from the loader's statistics, which stats=False "
