@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import io
 import math
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -244,20 +243,3 @@ def test_decoded_crops_are_a_collated_batchs_images() -> None:
     got = decode_jpegs(device="cpu")(batch)
     assert set(got) == {"image", "label"} and torch.equal(got["label"], torch.tensor([1, 2]))
     assert torch.equal(got["image"], torch.from_numpy(np.stack([pixels, pixels])))
-
-
-def test_the_gpu_path_benchmark_runs_on_the_cpu() -> None:
-    gpubench = pytest.importorskip("stoker_bench.gpubench")
-    plan = gpubench.GpuPathPlan(
-        gpu_workers=(1,), torch_workers=(1,), reps=1, quick=True, warm=1, measured=2, decode_batches=2,
-        device="cpu", head_width=16, step_warm=0, step_measured=1,
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch's warning about more workers than it suggests
-        report = gpubench.gpu_path(plan)
-    assert {(r["pipeline"], r["workers"]) for r in report["rows"]} == {("float", 1), ("gpu", 1)}
-    assert report["decoder"] == "cpu" and report["decode"]["images_per_s"] > 0
-    assert report["feeds"][0]["feed_ratio"] > 0 and report["step"]["head_repeats"] >= 0
-    assert "feed ratio" in gpubench.gpu_path_table(report)
-    with pytest.raises(ValueError, match="at most 4"):
-        gpubench.gpu_path(dataclasses.replace(plan, gpu_workers=(8,)))

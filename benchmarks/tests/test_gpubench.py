@@ -3,6 +3,7 @@ with tiny sizes (the only way to run it where no GPU is)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 
@@ -64,3 +65,21 @@ def test_configurations_cover_the_matrix() -> None:
     assert len(configs) == 2 * 2 * 2 * 3
     assert {c[0] for c in configs} == {8, 14}
     assert {c[3] for c in configs} == {"loop", "to_device", "normalize"}
+
+
+def test_the_gpu_path_benchmark_runs_on_the_cpu() -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("PIL")
+    plan = gpubench.GpuPathPlan(
+        gpu_workers=(1,), torch_workers=(1,), reps=1, quick=True, warm=1, measured=2, decode_batches=2,
+        device="cpu", head_width=16, step_warm=0, step_measured=1,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's warning about more workers than it suggests
+        report = gpubench.gpu_path(plan)
+    assert {(r["pipeline"], r["workers"]) for r in report["rows"]} == {("float", 1), ("gpu", 1)}
+    assert report["decoder"] == "cpu" and report["decode"]["images_per_s"] > 0
+    assert report["feeds"][0]["feed_ratio"] > 0 and report["step"]["head_repeats"] >= 0
+    assert "feed ratio" in gpubench.gpu_path_table(report)
+    with pytest.raises(ValueError, match="at most 4"):
+        gpubench.gpu_path(dataclasses.replace(plan, gpu_workers=(8,)))
