@@ -40,7 +40,7 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
-from .._base.hooks import upcoming_of
+from .._base.hooks import SetsEpoch, follows, upcoming_of
 from . import forksafe, hostpin
 from .ahead import MOST_AHEAD, drawing_ahead
 from .auto import Head
@@ -232,7 +232,8 @@ class LoaderIterator(Generic[T]):
 
     def _recorded(self, source: Any, epoch: int, start: int) -> Any:
         """A user's stateful sampler has its state recorded after each batch is drawn; a
-        dataset that follows the plan protocol hears of each batch as it is drawn (ahead)."""
+        dataset that fetches ahead (`_base/hooks.py`'s `FetchesAhead`) hears of each batch as it
+        is drawn (ahead)."""
         plan = self._plan
         hook = upcoming_of(plan.dataset)
         user = stateful_user_sampler(plan.index_sampler)
@@ -718,4 +719,4 @@ def _prefetches_next(plan: LoadPlan) -> bool:
 
 def _has_set_epoch(index_sampler: Any) -> bool:
     inner = getattr(index_sampler, "sampler", None)
-    return hasattr(index_sampler, "set_epoch") or hasattr(inner, "set_epoch")
+    return follows(index_sampler, SetsEpoch) or follows(inner, SetsEpoch)
