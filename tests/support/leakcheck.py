@@ -73,6 +73,24 @@ def _used_elsewhere(names: set[str]) -> set[str]:
     return used
 
 
+def shm_left(before: set[str], pids: Iterable[int]) -> list[str]:
+    """The /dev/shm entries made since `before` (a listing) that may be the leftovers of the
+    test's processes (`pids`: its children and their workers, alive or not): /dev/shm is the
+    machine's, and other programs make and remove entries there meanwhile. An entry another
+    process has open or mapped is theirs; so is one whose name carries another process's pid
+    (torch's `torch_<pid>_...` files), as far as the name says.
+    """
+    ours = {str(pid) for pid in pids}
+    found = _shm() - before
+    found -= _used_elsewhere(found)
+    return sorted(name for name in found if not _names_another_pid(name, ours))
+
+
+def _names_another_pid(name: str, ours: set[str]) -> bool:
+    parts = name.split("_")
+    return len(parts) > 2 and parts[0] == "torch" and parts[1].isdigit() and parts[1] not in ours
+
+
 def _harness_thread(thread: threading.Thread) -> bool:
     """pytest-timeout's timer (timeout_method = "thread"): the harness's, not the test's."""
     return isinstance(thread, threading.Timer) and getattr(thread.function, "__module__", "") == "pytest_timeout"

@@ -113,10 +113,8 @@ def test_pin_step_runs_on_the_pin_thread(threads):
 def test_submit_does_not_wait_for_pinning(threads):
     hold = threading.Event()
     pt = threads(Recorder(hold))
-    start = time.monotonic()
     for key in range(50):
-        pt.submit(key, key)
-    assert time.monotonic() - start < 1.0
+        pt.submit(key, key)  # the pin step is held: a submit that waited for it would never return
     assert pt.pending == 50
     hold.set()
     assert pt.take(49, timeout=SETTLE_S) == Pinned(49)
@@ -178,8 +176,7 @@ def test_take_times_out_and_the_batch_stays_pending(threads):
     start = time.monotonic()
     with pytest.raises(TimeoutError):
         pt.take(0, timeout=0.3)
-    elapsed = time.monotonic() - start
-    assert 0.3 <= elapsed < 2.0
+    assert time.monotonic() - start >= 0.3  # it waited as long as it was told
     assert pt.pending == 1
     hold.set()
     assert pt.take(0, timeout=SETTLE_S) == Pinned("a")
@@ -188,10 +185,8 @@ def test_take_times_out_and_the_batch_stays_pending(threads):
 def test_take_of_unknown_key_raises_at_once(threads):
     pt = threads(Recorder())
     pt.submit(0, "a")
-    start = time.monotonic()
     with pytest.raises(KeyError):
-        pt.take(1, timeout=SETTLE_S)  # never submitted: it must not wait for it
-    assert time.monotonic() - start < 1.0
+        pt.take(1, timeout=SETTLE_S)  # never submitted: a KeyError, not the TimeoutError of a wait
     assert pt.take(0, timeout=SETTLE_S) == Pinned("a")
     with pytest.raises(KeyError):
         pt.take(0)  # already taken
@@ -232,10 +227,8 @@ def test_ctrl_c_interrupts_a_waiting_take(threads):
     pt = threads(Recorder(hold))
     pt.submit(0, "a")
 
-    start = time.monotonic()
     with ctrl_c_after(0.2), pytest.raises(KeyboardInterrupt):
         pt.take(0)  # no timeout: only the interrupt can end this wait
-    assert time.monotonic() - start < 2.0
     hold.set()  # the interrupted take left the pin thread usable
     assert pt.take(0, timeout=SETTLE_S) == Pinned("a")
 
@@ -357,9 +350,8 @@ def test_close_while_the_pin_step_is_stuck_is_bounded(threads, monkeypatch):
     assert pin.started.wait(SETTLE_S)
     start = time.monotonic()
     pt.close()
-    elapsed = time.monotonic() - start
-    assert 0.3 <= elapsed < 2.0  # waited for the thread, but only so long
-    assert pt.thread.is_alive()  # still inside the stuck pin step
+    assert time.monotonic() - start >= 0.3  # waited for the thread ...
+    assert pt.thread.is_alive()  # ... but returned with it still inside the stuck pin step
     with pytest.raises(RuntimeError, match="closed"):
         pt.take(0)
     hold.set()
@@ -442,10 +434,8 @@ def test_thread_that_died_is_reported_not_waited_on(threads, monkeypatch):
     pt = threads(Recorder())
     pt.thread.join(SETTLE_S)
     pt.submit(0, "a")
-    start = time.monotonic()
     with pytest.raises(RuntimeError, match="exited"):
         pt.take(0, timeout=SETTLE_S)  # it must notice the dead thread, not time out
-    assert time.monotonic() - start < 2.0
     assert not pt.alive
 
 
