@@ -10,6 +10,7 @@ re-seeded epoch, and where the global RNG is left afterwards."""
 from __future__ import annotations
 
 import re
+import threading
 from typing import Any
 
 import pytest
@@ -154,6 +155,35 @@ def test_an_error_inside_a_pipe_reaches_the_main_process_naming_its_worker() -> 
     with pytest.raises(ValueError, match=re.escape("item 7 is bad")) as raised:
         list(loader)
     assert "DataLoader worker 1 " in str(raised.value)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_pipe_sharded_twice_is_refused_as_torch_refuses_it(num_workers: int) -> None:
+    def twice() -> Any:
+        return IterableWrapper(range(10)).sharding_filter().sharding_filter()
+
+    timeout = WAIT_S if num_workers else 0
+    for loader_cls in (tud.DataLoader, st.DataLoader):
+        loader = loader_cls(twice(), num_workers=num_workers, timeout=timeout)
+        with pytest.raises(RuntimeError, match="Sharding twice on a single pipeline"):
+            list(loader)
+
+
+class _Locked(tud.IterDataPipe):
+    """A pipe holding a lock: it cannot be copied."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+
+    def __iter__(self) -> Any:
+        return iter(range(8))
+
+
+def test_a_pipe_a_thread_worker_cannot_copy_is_reported_at_its_first_batch() -> None:
+    loader = st.DataLoader(_Locked(), num_workers=2, thread_pool=True, timeout=WAIT_S)
+    with pytest.raises(TypeError, match="lock") as raised:
+        list(loader)
+    assert "copying its DataPipe" in str(raised.value)
 
 
 def test_stokers_own_loader_shards_a_pipe_per_worker() -> None:

@@ -262,7 +262,8 @@ class WorkerConfig:
     rank: int = 0  # the training rank's, with world_size and local_rank (see WorkerInfo)
     world_size: int = 1
     local_rank: int | None = None
-    pipe_seed: int | None = None  # a torch IterDataPipe: its first epoch's shared seed (see datapipes)
+    # a torch IterDataPipe: its first epoch's shared seed (see datapipes)
+    pipe_seed: int | None = None
 
     @property
     def seed(self) -> int:
@@ -342,10 +343,14 @@ def run_worker(
     With `config.timed`, each Done carries the batch's timing (see stats).
     """
     global _process_info
+    copy_error: Exception | None = None
     if config.pipe_seed is not None and config.thread:
         # thread workers share the process: each seeds and shards a copy of its own, as each
         # process worker does
-        config = replace(config, dataset=copy.deepcopy(config.dataset))
+        try:
+            config = replace(config, dataset=copy.deepcopy(config.dataset))
+        except Exception as exc:  # reported at the first batch this worker owes
+            copy_error = exc
     info: WorkerInfo[Any] = WorkerInfo(
         id=config.worker_id,
         num_workers=config.num_workers,
@@ -372,15 +377,23 @@ def run_worker(
     batch_seed = config.base_seed if config.seed_each_batch and not config.thread else None
     timed = config.timed
     unreported = 0.0  # busy time no Done has carried yet: the last send, failed tasks
+    stage = "in worker_init_fn"
     try:
         if not config.thread:
             seed_globals(config.base_seed, config.worker_id, config.rank, config.num_workers)
+        if copy_error is not None:
+            stage = "copying its DataPipe (each thread worker reads a copy of its own)"
+            raise copy_error
         if config.pipe_seed is not None:
-            prepare_worker_copy(config.dataset, config.pipe_seed, config.worker_id, config.num_workers)
+            stage = "seeding and sharding its DataPipe"
+            prepare_worker_copy(
+                config.dataset, config.pipe_seed, config.worker_id, config.num_workers
+            )
+            stage = "in worker_init_fn"
         if config.worker_init_fn is not None:
             config.worker_init_fn(config.worker_id)
     except Exception as exc:
-        init_error = ExceptionInfo(exc, f"{label} in worker_init_fn", keep_object=config.thread)
+        init_error = ExceptionInfo(exc, f"{label} {stage}", keep_object=config.thread)
     try:
         while True:
             message = receive(PARENT_POLL_S)
@@ -392,7 +405,11 @@ def run_worker(
                 return
             if isinstance(message, Reset):
                 if message.pipe_seed is not None and init_error is None:
-                    seed_pipe(config.dataset, message.pipe_seed)
+                    try:
+                        seed_pipe(config.dataset, message.pipe_seed)
+                    except Exception as exc:  # every task of the epoch answers with it
+                        where = f"{label} seeding its DataPipe"
+                        init_error = ExceptionInfo(exc, where, keep_object=config.thread)
                 fetcher.reset()
                 continue
             assert isinstance(message, Task)
