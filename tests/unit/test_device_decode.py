@@ -139,7 +139,7 @@ def test_arguments_are_checked() -> None:
         DecodeOnDevice(224)(42)
     with pytest.raises(TypeError, match="give it as ImageFolder's loader="):
         DecodeOnDevice(224)(Image.new("RGB", (8, 8)))
-    with pytest.raises(ValueError, match="decoder should be one of"):
+    with pytest.raises(ValueError, match="decoder should be 'auto', 'cpu', 'nvjpeg' or 'nvimgcodec', but got decoder='opencv'"):
         decode_jpegs(decoder="opencv")
     with pytest.raises(ValueError, match="both be given"):
         decode_jpegs(MEAN)

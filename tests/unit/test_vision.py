@@ -243,8 +243,12 @@ def test_decode_crop_arguments_are_checked() -> None:
         DecodeCrop(224, scale=(1.0, 0.5))
     with pytest.raises(ValueError, match="ratio"):
         DecodeCrop(224, ratio=(0.0, 1.0))
-    with pytest.raises(ValueError, match="flip"):
+    with pytest.raises(ValueError, match=r"flip should be a finite number >= 0 and <= 1 \(a probability\), but got flip=2"):
         DecodeCrop(224, flip=2)
+    with pytest.raises(TypeError, match="flip should be a finite number"):
+        DecodeCrop(224, flip="half")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"scale should be \(low, high\) with 0 < low <= high <= 1, but got scale=\(0.5, 2\)"):
+        DecodeCrop(224, scale=(0.5, 2))
     with pytest.raises(TypeError, match="generator"):
         DecodeCrop(224, generator="seed")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="source"):

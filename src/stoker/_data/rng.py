@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Union
 
 import numpy as np
 
+from .._base.checks import check_choice, fail
+
 if TYPE_CHECKING:
     import torch
     from typing_extensions import TypeIs
@@ -41,7 +43,7 @@ def check_generator(generator: Any, argname: str = "generator") -> None:
         return
     if isinstance(generator, (int, np.integer)) and not isinstance(generator, bool):
         if generator < 0:
-            raise ValueError(f"{argname} as an int seed must be non-negative, got {generator}")
+            fail(ValueError, argname, "None, an int seed >= 0, a numpy.random.Generator or a torch.Generator", generator)
         return
     raise TypeError(
         f"{argname} should be None, an int seed, a numpy.random.Generator or a torch.Generator, "
@@ -100,8 +102,7 @@ class RandomSource:
 
     def __init__(self, generator: GeneratorLike, flavour: str = "numpy") -> None:
         check_generator(generator)
-        if flavour not in FLAVOURS:
-            raise ValueError(f"flavour must be one of {FLAVOURS}, got {flavour!r}")
+        check_choice("flavour", flavour, FLAVOURS)
         self.generator = generator
         self.flavour = flavour
         # the numpy generator drawn from: the user's own, or one made once from an int seed

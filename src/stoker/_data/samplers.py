@@ -24,6 +24,7 @@ LAST_BATCH_CHOICES = ("keep", "discard", "rollover")
 
 
 def _positive_int(value: Any, name: str) -> None:
+    # torch's own check: a ValueError whatever is wrong, and the value not repr'd
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{name} should be a positive integer value, but got {name}={value}")
 

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from .._base.checks import check_number, fail
 from .errors import DecodeError
 
 SCALE = (0.08, 1.0)
@@ -108,7 +109,7 @@ def _open(source: Any) -> Any:
     if hasattr(source, "read"):
         return Image.open(source)
     raise TypeError(
-        f"source should be a path, bytes or a binary file object, got {type(source).__name__}"
+        f"source should be a path, bytes or a binary file object, but got a {type(source).__name__}"
     )
 
 
@@ -339,26 +340,28 @@ def _finish(
 
 
 def _pair(size: int | Sequence[int], name: str) -> tuple[int, int]:
+    accepted = "a positive int or (height, width)"
     if isinstance(size, bool):
-        raise TypeError(f"{name} should be an int or (height, width), got {size!r}")
+        fail(TypeError, name, accepted, size)
     if isinstance(size, int):
         pair = (size, size)
     elif isinstance(size, Sequence) and len(size) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in size):
         pair = (int(size[0]), int(size[1]))
     else:
-        raise TypeError(f"{name} should be an int or (height, width), got {size!r}")
+        fail(TypeError, name, accepted, size)
     if min(pair) <= 0:
-        raise ValueError(f"{name} should be positive, got {size!r}")
+        fail(ValueError, name, accepted, size)
     return pair
 
 
-def _range(value: Sequence[float], name: str, positive: bool) -> tuple[float, float]:
+def _range(value: Sequence[float], name: str, positive: bool, most: float | None = None) -> tuple[float, float]:
+    accepted = f"(low, high) with {'0 < ' if positive else ''}low <= high{f' <= {most:g}' if most is not None else ''}"
     try:
         low, high = (float(v) for v in value)
     except (TypeError, ValueError):
-        raise TypeError(f"{name} should be a (low, high) pair of numbers, got {value!r}") from None
-    if low > high or (positive and low <= 0):
-        raise ValueError(f"{name} should be (low, high) with {'0 < ' if positive else ''}low <= high, got {value!r}")
+        fail(TypeError, name, accepted, value)
+    if low > high or (positive and low <= 0) or (most is not None and high > most):
+        fail(ValueError, name, accepted, value)
     return low, high
 
 
@@ -424,16 +427,12 @@ class DecodeCrop:
         generator: np.random.Generator | int | None = None,
     ) -> None:
         self.size = _pair(size, "size")
-        self.scale = _range(scale, "scale", positive=True)
-        if self.scale[1] > 1:
-            raise ValueError(f"scale should be (low, high) with 0 < low <= high <= 1, got {scale!r}")
+        self.scale = _range(scale, "scale", positive=True, most=1.0)
         self.ratio = _range(ratio, "ratio", positive=True)
-        if isinstance(flip, bool) or not isinstance(flip, (int, float)) or not 0 <= flip <= 1:
-            raise ValueError(f"flip should be a probability between 0 and 1, got {flip!r}")
-        self.flip = float(flip)
+        self.flip = check_number("flip", flip, low=0, high=1, unit="a probability")
         if generator is not None and not isinstance(generator, np.random.Generator):
             if isinstance(generator, bool) or not isinstance(generator, (int, np.integer)):
-                raise TypeError(f"generator should be a numpy Generator, an int seed or None, got {generator!r}")
+                fail(TypeError, "generator", "a numpy Generator, an int seed or None", generator)
             generator = np.random.default_rng(int(generator))
         self.generator = generator
         # import the decoders here, in the main process: forked workers inherit them instead of

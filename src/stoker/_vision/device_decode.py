@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 
+from .._base.checks import check_choice
 from .._data.collate import empty
 from .crop import (
     _JPEG_END,
@@ -637,8 +638,7 @@ def decode_jpegs(
 
     from .._core.device import normalize
 
-    if decoder not in DECODERS:
-        raise ValueError(f"decoder should be one of {', '.join(map(repr, DECODERS))}, but got {decoder!r}")
+    check_choice("decoder", decoder, DECODERS)
     if (mean is None) != (std is None):
         raise ValueError(f"mean and std should both be given or both be None, but got mean={mean!r}, std={std!r}")
     if mean is None:
