@@ -9,8 +9,12 @@ re-seeded epoch, and where the global RNG is left afterwards."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -184,6 +188,21 @@ def test_a_pipe_a_thread_worker_cannot_copy_is_reported_at_its_first_batch() -> 
     with pytest.raises(TypeError, match="lock") as raised:
         list(loader)
     assert "copying its DataPipe" in str(raised.value)
+
+
+def test_two_training_ranks_share_rank_0s_seed_and_split_the_pipe_as_torch(tmp_path: Path) -> None:
+    # each rank seeds torch differently; torch broadcasts rank 0's shared seed, so the ranks
+    # shuffle alike and their workers' shares split one order
+    script = Path(__file__).with_name("datapipe_ranks.py")
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    ranks = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
+    for rank in ranks:
+        assert rank["stoker"] == rank["torch"]
+    for epoch in range(2):
+        assert sorted(ranks[0]["stoker"][epoch] + ranks[1]["stoker"][epoch]) == list(range(60))
 
 
 def test_stokers_own_loader_shards_a_pipe_per_worker() -> None:

@@ -11,7 +11,9 @@ stages take their settings from the loader, not from the user:
 - a `sharding_filter()` keeps, in each copy, the items of that copy's share: worker `w` of
   `n` on training rank `r` of `world` keeps share `w * world + r` of `n * world`; with
   num_workers=0, share `r` of `world`. torch.distributed's rank and world size count when it
-  is initialised, as in torch; otherwise the share is the whole.
+  is initialised, as in torch; otherwise the share is the whole. The ranks then use rank 0's
+  shared seed (broadcast over a gloo group each iterator makes), so that they shuffle alike
+  and their shares split one order.
 
 The order of the draws from the loader's randomness is torch's: an iterator draws the shared
 seed of its first epoch, then the base seed, and, with workers, one more shared seed that
@@ -55,18 +57,51 @@ def shard_pipe(dataset: Any, shares: int, share: int) -> None:
     graph_settings.apply_sharding(dataset, shares, share)
 
 
-def distributed_share() -> tuple[int, int]:
-    """(world size, rank) of torch.distributed when it is initialised, else (1, 0): what a
-    DataPipe is sharded by across training ranks, as torch's loader shards it."""
+def _distributed() -> Any:
+    """torch.distributed when it is loaded and initialised, else None."""
     dist: Any = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist
+    return None
+
+
+def distributed_share() -> tuple[int, int]:
+    """(world size, rank) of torch.distributed when it is initialised, else (1, 0): what a
+    DataPipe is sharded by across training ranks, as torch's loader shards it. Read in the
+    main process (a spawned worker has no process group)."""
+    dist = _distributed()
+    if dist is not None:
         return int(dist.get_world_size()), int(dist.get_rank())
     return 1, 0
 
 
-def prepare_worker_copy(dataset: Any, shared_seed: int, worker_id: int, num_workers: int) -> None:
+def seed_group() -> Any:
+    """The process group that the ranks agree on each shared seed through: a new gloo group
+    when torch.distributed is initialised (a collective call: every rank makes its iterator at
+    the same point, as torch's loader requires), else None."""
+    dist = _distributed()
+    return None if dist is None else dist.new_group(backend="gloo")
+
+
+def agreed_seed(drawn: int, group: Any) -> int:
+    """The shared seed every rank uses: rank 0's, broadcast through `group` (each rank has
+    drawn its own, so every rank's randomness moves alike); `drawn` without a group."""
+    if group is None:
+        return drawn
+    import torch
+    import torch.distributed as dist
+
+    seed = torch.tensor(drawn, dtype=torch.int64)
+    dist.broadcast(seed, src=0, group=group)
+    return int(seed.item())
+
+
+def prepare_worker_copy(
+    dataset: Any, shared_seed: int, worker_id: int, num_workers: int, share: tuple[int, int]
+) -> None:
     """Seed and shard a worker's copy of the pipe before its first epoch: worker `worker_id`
-    of `num_workers` keeps its share of the items of its training rank."""
-    world, rank = distributed_share()
+    of `num_workers` keeps its share of the items of its training rank (`share`: world size,
+    rank)."""
+    world, rank = share
     seed_pipe(dataset, shared_seed)
     shard_pipe(dataset, num_workers * world, worker_id * world + rank)

@@ -47,7 +47,7 @@ from typing import Any, Protocol
 
 from . import math_threads
 from .arena import Arena, ArenaLink, arena_limit
-from .datapipes import distributed_share, seed_pipe, shard_pipe
+from .datapipes import seed_pipe, shard_pipe
 from .errors import ExceptionInfo
 from .fetch import EndOfStream
 from .forksafe import adopt
@@ -116,10 +116,12 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-def make_engine(plan: LoadPlan, base_seed: int, pipe_seed: int | None = None) -> Engine:
+def make_engine(
+    plan: LoadPlan, base_seed: int, pipe_seed: int | None = None, pipe_share: tuple[int, int] = (1, 0)
+) -> Engine:
     """The engine for a plan: inline, threads or processes, with its workers' configs;
-    `pipe_seed`: a torch IterDataPipe's shared seed, which each worker seeds and shards its
-    copy with (see datapipes)."""
+    `pipe_seed`: a torch IterDataPipe's shared seed, which each worker seeds its copy with,
+    and `pipe_share` the (world size, rank) it shards it by (see datapipes)."""
 
     saved = (plan.resume or {}).get("iterable") or {}
     replicas = [None if r is None else (r[0], int(r[1])) for r in saved.get("replicas", [])]
@@ -144,6 +146,7 @@ def make_engine(plan: LoadPlan, base_seed: int, pipe_seed: int | None = None) ->
                 world_size=plan.ranks[1],
                 local_rank=plan.ranks[2],
                 pipe_seed=pipe_seed,
+                pipe_share=pipe_share,
             )
             for worker_id in range(count)
         ]
@@ -182,7 +185,7 @@ class SerialEngine(_NoRestart):
     def __init__(self, config: WorkerConfig) -> None:
         if config.pipe_seed is not None:  # the caller's own pipe: its share of the training ranks'
             seed_pipe(config.dataset, config.pipe_seed)
-            shard_pipe(config.dataset, *distributed_share())
+            shard_pipe(config.dataset, *config.pipe_share)
         self._dataset = config.dataset
         self._fetcher = fetcher_for(config)
         self._rank = config.rank

@@ -44,7 +44,7 @@ from .._base.hooks import SetsEpoch, follows, upcoming_of
 from . import forksafe, hostpin
 from .ahead import MOST_AHEAD, drawing_ahead
 from .auto import Head
-from .datapipes import is_iter_datapipe, seed_pipe
+from .datapipes import agreed_seed, distributed_share, is_iter_datapipe, seed_group, seed_pipe
 from .engines import Death, Engine, ProcessEngine, make_engine
 from .errors import ExceptionInfo, WorkerDiedError, WorkerRestartWarning, describe_index
 from .pin import PinThread, device_setup, pin_function
@@ -78,9 +78,12 @@ class LoaderIterator(Generic[T]):
         # a torch IterDataPipe: the shared seed of the epoch the workers start (or reset) with
         self._pipe = plan.iterable and is_iter_datapipe(plan.dataset)
         self._pipe_seed: int | None = None
+        # with torch.distributed: where the ranks agree on rank 0's seed, and this rank's share
+        self._pipe_group = seed_group() if self._pipe else None
+        pipe_share = distributed_share() if self._pipe else (1, 0)
         first_source, self._base_seed = self._open_first_epoch()
         if self._pipe and self._pipe_seed is None:  # resumed: a seed of its own
-            self._pipe_seed = int(plan.seed_source.seed64())
+            self._pipe_seed = self._draw_pipe_seed()
         self._progress.base_seed = self._base_seed
         self._broken: BaseException | None = None
         self._yielded = 0
@@ -101,7 +104,7 @@ class LoaderIterator(Generic[T]):
         self._unpinned: set[int] = set()  # tasks handed to the pin thread
         self._in_place: set[int] = set()  # tasks born pinned, not handed to it
         self._head = Head(plan.auto) if plan.auto is not None else None
-        self._engine: Engine = make_engine(plan, self._base_seed, self._pipe_seed)
+        self._engine: Engine = make_engine(plan, self._base_seed, self._pipe_seed, pipe_share)
         # one Recorder for the iterator's life, counting each epoch afresh (see _begin_stats)
         self._recorder = (
             Recorder(plan.first_epoch, plan.num_workers, plan.prefetch_factor, plan.threads, [], plan.choice)
@@ -148,7 +151,7 @@ class LoaderIterator(Generic[T]):
                 return None, int(base)
             self._origins[plan.first_epoch] = capture_epoch(None, plan.seed_source, draws_seed=True)
             if self._pipe:  # torch draws the pipe's shared seed before the base seed
-                self._pipe_seed = int(plan.seed_source.seed64())
+                self._pipe_seed = self._draw_pipe_seed()
             return None, int(plan.seed_source.seed64())
         if resume is None:
             self._origins[plan.first_epoch] = capture_epoch(plan.index_sampler, plan.seed_source, draws_seed=True)
@@ -382,8 +385,11 @@ class LoaderIterator(Generic[T]):
     def _new_pipe_seed(self) -> None:
         """Draw a torch IterDataPipe's next shared seed, and seed the main process's copy
         with it, as torch's loader does at each epoch (see datapipes)."""
-        self._pipe_seed = int(self._plan.seed_source.seed64())
+        self._pipe_seed = self._draw_pipe_seed()
         seed_pipe(self._plan.dataset, self._pipe_seed)
+
+    def _draw_pipe_seed(self) -> int:
+        return agreed_seed(int(self._plan.seed_source.seed64()), self._pipe_group)
 
     def _wait(self, deadline: float | None) -> None:
         engine = self._engine

@@ -262,8 +262,10 @@ class WorkerConfig:
     rank: int = 0  # the training rank's, with world_size and local_rank (see WorkerInfo)
     world_size: int = 1
     local_rank: int | None = None
-    # a torch IterDataPipe: its first epoch's shared seed (see datapipes)
+    # a torch IterDataPipe: its first epoch's shared seed, and the (world size, rank) it is
+    # sharded by (see datapipes)
     pipe_seed: int | None = None
+    pipe_share: tuple[int, int] = (1, 0)
 
     @property
     def seed(self) -> int:
@@ -387,7 +389,7 @@ def run_worker(
         if config.pipe_seed is not None:
             stage = "seeding and sharding its DataPipe"
             prepare_worker_copy(
-                config.dataset, config.pipe_seed, config.worker_id, config.num_workers
+                config.dataset, config.pipe_seed, config.worker_id, config.num_workers, config.pipe_share
             )
             stage = "in worker_init_fn"
         if config.worker_init_fn is not None:
