@@ -41,7 +41,7 @@ def test_decode_auto_refuses_a_pickle_field_unless_allowed() -> None:
         decode_auto(raw)
     assert decode_auto(raw, allow_pickle=True) == {"__key__": "k", "cls": 3, "obj.pickle": 7}
     assert decode_auto({"__key__": "k", "cls": b"3"}) == {"__key__": "k", "cls": 3}  # nothing to refuse
-    with pytest.raises(TypeError, match="allow_pickle should be a bool, but got allow_pickle='yes'"):
+    with pytest.raises(TypeError, match="allow_pickle should be True or False, but got allow_pickle='yes'"):
         decode_auto(raw, allow_pickle="yes")  # type: ignore[arg-type]
 
 
@@ -56,7 +56,7 @@ def test_a_dataset_refuses_pickle_fields_by_default_naming_the_sample_and_shard(
     assert "field 'pyd': is a pickle" in text and "allow_pickle=True" in text
     assert "sample 2" in text and f"shard {s3_url}/" in text
     assert ShardedDataset(s3_url, cache_dir=str(tmp_path / "cache"), decode=None)[2]["pyd"][:1] == b"\x80"
-    with pytest.raises(TypeError, match="allow_pickle should be a bool, but got allow_pickle=1"):
+    with pytest.raises(TypeError, match="allow_pickle should be True or False, but got allow_pickle=1"):
         ShardedDataset(s3_url, cache_dir=str(tmp_path / "cache"), allow_pickle=1)  # type: ignore[arg-type]
 
 

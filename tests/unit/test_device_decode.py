@@ -143,7 +143,7 @@ def test_arguments_are_checked() -> None:
         decode_jpegs(decoder="opencv")
     with pytest.raises(ValueError, match="both be given"):
         decode_jpegs(MEAN)
-    with pytest.raises(ValueError, match="std should have no zero"):
+    with pytest.raises(ValueError, match="std should be values without a zero, but got std="):
         decode_jpegs(MEAN, (0.2, 0.0, 0.2))
 
 

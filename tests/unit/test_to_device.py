@@ -150,7 +150,7 @@ def test_every_iter_is_a_new_pass() -> None:
 # ------------------------------------------------------------------ arguments
 @pytest.mark.parametrize("depth", [0, -1])
 def test_depth_below_one_is_a_value_error(depth: int) -> None:
-    with pytest.raises(ValueError, match=r"depth should be an int >= 1.*got " + str(depth)):
+    with pytest.raises(ValueError, match=r"depth should be an int >= 1.*but got depth=" + str(depth)):
         to_device([], "cpu", depth=depth)
 
 

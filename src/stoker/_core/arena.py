@@ -66,6 +66,7 @@ from typing import Any
 
 import numpy as np
 
+from .._base.checks import fail
 from .._data.torch_collate import TensorLeaf
 from .forksafe import only_here
 from .hostpin import Fence, Registrar, Registry, address_of
@@ -112,7 +113,7 @@ def arena_limit() -> int | None:
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{ARENA_LIMIT_ENV} must be a number of bytes, got {raw!r}") from None
+        fail(ValueError, ARENA_LIMIT_ENV, "an int (bytes; 0 or less for no limit)", raw)
     return value if value > 0 else None
 
 

@@ -39,6 +39,7 @@ from collections.abc import (
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from .._base.checks import check_callable, check_int, check_number, fail
 from . import forksafe
 from .pin import WALK, map_batch
 
@@ -344,16 +345,7 @@ class DeviceLoader(Generic[H]):
 # ------------------------------------------------------------------------ arguments
 def check_depth(depth: object) -> int:
     """`depth` if it is an int >= 1; TypeError or ValueError naming it otherwise."""
-    if isinstance(depth, bool) or not isinstance(depth, int):
-        raise TypeError(
-            f"depth should be an int >= 1 (batches copied ahead of the consumer), "
-            f"got {type(depth).__name__} {depth!r}"
-        )
-    if depth < 1:
-        raise ValueError(
-            f"depth should be an int >= 1 (batches copied ahead of the consumer), got {depth}"
-        )
-    return depth
+    return int(check_int("depth", depth, low=1, unit="batches copied ahead of the consumer"))
 
 
 def default_device() -> str:
@@ -370,14 +362,12 @@ def resolve_device(device: object) -> Any:
     does not exist here (saying which devices do)."""
     import torch
 
+    accepted = "a torch.device, a string such as 'cuda:0' or 'cpu', or a CUDA device index >= 0"
     if isinstance(device, bool) or not isinstance(device, (torch.device, str, int)):
-        raise TypeError(
-            f"device should be a torch.device, a string such as 'cuda:0' or 'cpu', or a CUDA "
-            f"device index, got {type(device).__name__} {device!r}"
-        )
+        fail(TypeError, "device", accepted, device)
     if isinstance(device, int):
         if device < 0:
-            raise ValueError(f"device should be a CUDA device index >= 0, got {device}")
+            fail(ValueError, "device", accepted, device)
         device = f"cuda:{device}"
     try:
         resolved = torch.device(device)
@@ -475,10 +465,7 @@ def to_device(
             device that does not exist here (the message says which do).
     """
     depth = check_depth(depth)
-    if transform is not None and not callable(transform):
-        raise TypeError(
-            f"transform should be a function of one batch or None, got {type(transform).__name__} {transform!r}"
-        )
+    check_callable("transform", transform, none_ok=True, takes="one batch")
     resolved = resolve_device(default_device() if device is None else device)
     copier: Copier[Any] = (
         HostCopier(transform) if resolved.type == "cpu" else CudaCopier(resolved, transform)
@@ -512,19 +499,21 @@ def normalize(
         The transform, a function of one batch, for `to_device(..., transform=...)`.
 
     Raises:
+        TypeError: when `scale` is not a number.
         ValueError: when `mean` and `std` differ in length or are empty, `std` holds a zero,
-            or `scale` is not a positive number; the transform raises it at a batch whose
+            or `scale` is not positive and finite; the transform raises it at a batch whose
             channel count differs from theirs, naming both.
     """
     import torch
 
     means, stds = [float(m) for m in mean], [float(s) for s in std]
     if len(means) != len(stds) or not means:
-        raise ValueError(f"mean and std should give one value per channel each, got {len(means)} and {len(stds)}")
+        raise ValueError(
+            f"mean and std should give one value per channel each, but got {len(means)} and {len(stds)} values"
+        )
     if any(s == 0 for s in stds):
-        raise ValueError(f"std should have no zero, got std={stds}")
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or scale <= 0:
-        raise ValueError(f"scale should be a positive number, got scale={scale!r}")
+        fail(ValueError, "std", "values without a zero", stds)
+    check_number("scale", scale, above=0)
     target = torch.float32 if dtype is None else dtype
     # (x / scale - mean) / std as one multiply-add: x * a + b
     multiplier = [1.0 / (scale * s) for s in stds]

@@ -32,6 +32,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from .._base.checks import check_bool
 from .._base.process import at_fork
 from .errors import CorruptShardError
 
@@ -411,8 +412,7 @@ def decode_auto(sample: Mapping[str, Any], *, allow_pickle: bool = False) -> dic
             field is met without `allow_pickle=True`; the message names the sample's key and
             the field.
     """
-    if not isinstance(allow_pickle, bool):
-        raise TypeError(f"allow_pickle should be a bool, but got allow_pickle={allow_pickle!r}")
+    check_bool("allow_pickle", allow_pickle)
     out: dict[str, Any] = {}
     for field, value in sample.items():
         if field.startswith("__") or not isinstance(value, (bytes, bytearray, memoryview)):
