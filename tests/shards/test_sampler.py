@@ -75,8 +75,10 @@ def test_ranks_split_the_global_order(world: int) -> None:
 
 
 def test_bad_arguments_are_named() -> None:
-    with pytest.raises(ValueError, match="window_shards"):
+    with pytest.raises(ValueError, match="window_shards should be an int >= 1, but got window_shards=0"):
         ShardedSampler(Shards(COUNTS), num_replicas=1, rank=0, window_shards=0)
+    with pytest.raises(TypeError, match="window_shards should be an int >= 1, but got window_shards='4'"):
+        ShardedSampler(Shards(COUNTS), num_replicas=1, rank=0, window_shards="4")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="ShardedDataset"):
         ShardedSampler(list(range(10)), num_replicas=1, rank=0)  # type: ignore[arg-type]
 

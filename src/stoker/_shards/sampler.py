@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .._base.checks import check_int
 from .._base.hooks import HasShards, follows
 from .._data.distributed import RankShareSampler
 
@@ -52,8 +53,8 @@ class ShardedSampler(RankShareSampler):
             Defaults to 4.
 
     Raises:
-        ValueError: when `window_shards` is not a positive int, or as `DistributedSampler`.
-        TypeError: when `dataset` has no `shard_starts`.
+        ValueError: when `window_shards` is below 1, or as `DistributedSampler`.
+        TypeError: when `dataset` has no `shard_starts`, or `window_shards` is not an int.
     """
 
     def __init__(
@@ -70,8 +71,7 @@ class ShardedSampler(RankShareSampler):
             raise TypeError(
                 f"ShardedSampler needs a ShardedDataset (with shard_starts), but got {type(dataset).__name__}"
             )
-        if not isinstance(window_shards, int) or isinstance(window_shards, bool) or window_shards < 1:
-            raise ValueError(f"window_shards should be a positive integer, but got window_shards={window_shards!r}")
+        check_int("window_shards", window_shards, low=1)
         super().__init__(dataset, num_replicas, rank, shuffle, seed, drop_last)
         self.window_shards = window_shards
         self._starts = np.asarray(dataset.shard_starts, dtype=np.int64)  # type: ignore[attr-defined]
