@@ -67,7 +67,7 @@ def _encode(key: Any, out: list[int]) -> None:
     except (AttributeError, TypeError):
         raise TypeError(
             "stoker.sample_seed() and stoker.sample_rng() derive the seed from the sample's index, "
-            f"which must be an int, str, bytes or a tuple of those; got {type(key).__name__} ({key!r:.60})"
+            f"which should be an int, str, bytes or a tuple of those, but got {type(key).__name__} ({key!r:.60})"
         ) from None
     out.append(_NEGATIVE if n < 0 else _NONNEGATIVE)
     n = abs(n)
