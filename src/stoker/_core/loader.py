@@ -177,10 +177,11 @@ class DataLoader(Generic[T_co]):
         multiprocessing_context: How worker processes start: a start method's name ("fork",
             "spawn", "forkserver") or a multiprocessing context. None: multiprocessing's
             default. Needs `num_workers > 0`. Defaults to None.
-        generator: The randomness of the sampler `shuffle=True` makes and of the workers'
-            base seeds: an int seed, a `numpy.random.Generator` or a `torch.Generator`. None
-            draws from the global RNG: numpy's, or torch's under `stoker.torch`, as torch's
-            loader does. Defaults to None.
+        generator: The randomness of the sampler `shuffle=True` makes, of the workers'
+            base seeds and of a torch `IterDataPipe`'s shared seed per epoch: an int seed,
+            a `numpy.random.Generator` or a `torch.Generator`. None draws from the global
+            RNG: numpy's, or torch's under `stoker.torch`, as torch's loader does. Defaults
+            to None.
         prefetch_factor: Batches loaded ahead per worker; at most
             `prefetch_factor * num_workers` batches are in flight. None means 2 with workers
             and must stay None with `num_workers=0`; "auto" lets the loader choose (see
