@@ -12,6 +12,7 @@ import pickle
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -193,3 +194,14 @@ def test_finalize_runs_only_in_the_process_that_made_it() -> None:
     assert ran == [] and done.alive
     del owner
     assert ran == [1]
+
+
+def test_at_fork_is_the_one_registration_point() -> None:
+    # _mix is gathered by its own item of issue 42
+    src = Path(__file__).resolve().parents[2] / "src" / "stoker"
+    callers = sorted(
+        str(path.relative_to(src))
+        for path in src.rglob("*.py")
+        if "_mix" not in path.parts and "os.register_at_fork(" in path.read_text()
+    )
+    assert callers == ["_base/process.py"]
