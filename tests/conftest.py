@@ -1,18 +1,22 @@
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 
 import pytest
 from tests.support.leakcheck import KINDS, SETTLE_S, Snapshot
 from tests.support.processes import START_METHODS
 
-# Every test under these directories (tests/<tier>/...) fails if it leaves a child process,
-# thread, pipe/socket/memfd descriptor or /dev/shm entry behind; elsewhere a test opts in
-# with the `no_leaks` fixture. A test that keeps something alive on purpose says what and why:
-# @pytest.mark.leaks_allowed("threads", reason="...").
-LEAK_CHECKED_TIERS = ("integration", "faults")
+# Every test here, whatever its tier, fails if it leaves a child process, thread, pipe/socket/
+# memfd descriptor or /dev/shm entry behind. A test that keeps something alive on purpose says
+# what and why: @pytest.mark.leaks_allowed("threads", reason="..."), or with no kinds named,
+# @pytest.mark.leaks_allowed(reason="...") to opt out of the check (marker in pyproject.toml).
 TESTS = Path(__file__).resolve().parent
 CALL_RAISED = pytest.StashKey[bool]()
+# the tiers whose tests use object storage: see _warm_store_clients
+STORE_TIERS = ("shards", "mix", "user")
+_stores_warmed = False
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -22,14 +26,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=SETTLE_S,
         metavar="SECONDS",
         help=f"how long the leak check waits for a test's leftovers to go (polled; default {SETTLE_S})",
-    )
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        f"leaks_allowed(*kinds, reason): the leak check ignores these kinds of leftovers "
-        f"({', '.join(KINDS)}; all if none given) for this test; reason is required",
     )
 
 
@@ -68,14 +64,46 @@ def _allowed_kinds(item: pytest.Item) -> set[str]:
     return allowed
 
 
-def _leak_checked(request: pytest.FixtureRequest) -> bool:
-    if "no_leaks" in request.fixturenames:
-        return True
+def _warm_store_clients(request: pytest.FixtureRequest) -> None:
+    """Start, once per process and before the first snapshot of a tier that uses object
+    storage, what a process keeps for its life once it has used it: the session's S3 server
+    (tests/support/s3server.py; some tests ask for it only while they run), obstore's runtime
+    with the relay thread that serves forked children (stoker._shards.relay), and fsspec's IO
+    thread. Like multiprocessing's helpers above, they are not a test's leftovers."""
+    global _stores_warmed
+    if _stores_warmed:
+        return
+    _stores_warmed = True
     try:
-        tier = request.node.path.resolve().relative_to(TESTS).parts[0]
+        server = request.getfixturevalue("s3_server")
+    except pytest.FixtureLookupError:
+        return
+    from tests.support.s3server import client_env
+
+    from stoker._shards.store import Store
+
+    bucket = "leak-check-warm-up"
+    server.make_bucket(bucket)
+    saved = dict(os.environ)
+    os.environ.update(client_env(server.endpoint))
+    try:
+        for client, module in (("obstore", "obstore"), ("fsspec", "s3fs")):
+            if importlib.util.find_spec(module) is None:  # not installed (the user tier): unused
+                continue
+            store = Store(f"s3://{bucket}/data", client=client)
+            store.write("warm", b"1")
+            store.read("warm")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _leak_checked(request: pytest.FixtureRequest) -> bool:
+    try:
+        request.node.path.resolve().relative_to(TESTS)
     except ValueError:
         return False
-    return tier in LEAK_CHECKED_TIERS
+    return True
 
 
 @pytest.fixture(autouse=True)
@@ -89,6 +117,8 @@ def _leak_check(request: pytest.FixtureRequest):
         yield None
         return
     kinds = set(KINDS) - _allowed_kinds(request.node)
+    if request.node.path.resolve().relative_to(TESTS).parts[0] in STORE_TIERS:
+        _warm_store_clients(request)
     before = Snapshot()
     yield before
     if request.node.stash.get(CALL_RAISED, False):
@@ -105,9 +135,8 @@ def _leak_check(request: pytest.FixtureRequest):
 
 @pytest.fixture
 def no_leaks(_leak_check: Snapshot) -> Snapshot:
-    """Fail the test if it leaves a child process, thread, pipe, socket or /dev/shm entry
-    (the check itself is `_leak_check`'s, on by default in LEAK_CHECKED_TIERS; this opts in
-    elsewhere). The snapshot taken before the test."""
+    """The snapshot the leak check (`_leak_check`, on for every test here) took before the test,
+    for a test that compares against it itself."""
     return _leak_check
 
 

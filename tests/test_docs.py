@@ -97,6 +97,12 @@ def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 
 @pytest.mark.timeout(BLOCK_TIMEOUT_S * (len(BLOCKS) // PARALLEL + 2))
+@pytest.mark.leaks_allowed(
+    "processes", "fds",
+    reason="the blocks run PARALLEL at a time in the background while each test waits for its own: "
+    "the processes and pipes of the others come and go meanwhile; each block's own leftovers "
+    "(its session's processes) are asserted below",
+)
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.where for b in BLOCKS])
 def test_example_runs(block: Block, outcomes: dict[str, Future[Outcome]]) -> None:
     if block.skip is not None:

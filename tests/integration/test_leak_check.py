@@ -1,6 +1,7 @@
-"""The leak check that tests/conftest.py puts on every test under tests/integration and
-tests/faults: run on a generated suite, it must fail exactly the tests that leave something
-behind, name what they left, and let the others (and declared exceptions) pass."""
+"""The leak check that tests/conftest.py puts on every test under tests/, whatever its tier:
+run on a generated suite, it must fail exactly the tests that leave something behind, name
+what they left, and let the others (and declared exceptions, and tests that opt out with a
+reason) pass."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent.parent
+ROOT = TESTS.parent
 
 LEAKY = '''
 import os, subprocess, sys, threading
@@ -98,19 +100,30 @@ def test_with_no_leaks_fixture(no_leaks):
     assert no_leaks is not None
 '''
 
-UNCHECKED = '''
+OTHER_TIER = '''
 import threading
+
+import pytest
 
 kept = []
 
 
-def test_outside_the_checked_tiers_nothing_is_checked():
+def test_every_tier_is_checked():
     stop = threading.Event()
     kept.append(stop)
+    threading.Thread(target=stop.wait, name="unit-thread", daemon=True).start()
+
+
+@pytest.mark.leaks_allowed(reason="opts out of the check: keeps a thread and a pipe on purpose")
+def test_opted_out():
+    import os
+
+    stop = threading.Event()
+    kept.append((stop, os.pipe()))
     threading.Thread(target=stop.wait, daemon=True).start()
 
 
-def test_no_leaks_opts_in(no_leaks):
+def test_no_leaks_gives_the_snapshot(no_leaks):
     stop = threading.Event()
     kept.append(stop)
     threading.Thread(target=stop.wait, name="opted-in-thread", daemon=True).start()
@@ -131,10 +144,11 @@ def test_the_leak_check_fails_what_leaks_and_names_it(tmp_path: Path) -> None:
     suite = tmp_path / "suite"
     for tier in ("integration", "unit"):
         (suite / tier).mkdir(parents=True)
-    shutil.copy(TESTS / "conftest.py", suite)
-    shutil.copy(TESTS / "leakcheck.py", suite)
+    shutil.copy(TESTS / "conftest.py", suite)  # which imports tests.support from the repo root
+    # the marker, registered in pyproject.toml for the real suite
+    (suite / "pytest.ini").write_text("[pytest]\nmarkers =\n    leaks_allowed(*kinds, reason): see pyproject.toml\n")
     (suite / "integration" / "test_leaky.py").write_text(textwrap.dedent(LEAKY))
-    (suite / "unit" / "test_unchecked.py").write_text(textwrap.dedent(UNCHECKED))
+    (suite / "unit" / "test_other_tier.py").write_text(textwrap.dedent(OTHER_TIER))
     shm_name = f"stoker-leak-check-{uuid.uuid4().hex}"
     junit = tmp_path / "junit.xml"
     try:
@@ -144,7 +158,7 @@ def test_the_leak_check_fails_what_leaks_and_names_it(tmp_path: Path) -> None:
                 "-o", "timeout=60", "-o", "timeout_method=thread", f"--junitxml={junit}", str(suite),
             ],
             cwd=suite,
-            env=dict(os.environ, LEAKY_SHM_NAME=shm_name),
+            env=dict(os.environ, LEAKY_SHM_NAME=shm_name, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "src")])),
             capture_output=True,
             text=True,
             timeout=90,
@@ -177,5 +191,6 @@ def test_the_leak_check_fails_what_leaks_and_names_it(tmp_path: Path) -> None:
     failing = got["test_failing_test_is_reported_once"]
     assert len(failing) == 1 and failing[0].startswith("failure: ") and "own failure" in failing[0], failing
     assert got["test_with_no_leaks_fixture"] == [], output
-    assert got["test_outside_the_checked_tiers_nothing_is_checked"] == [], output
-    assert "threads left: ['opted-in-thread']" in error("test_no_leaks_opts_in")
+    assert "threads left: ['unit-thread']" in error("test_every_tier_is_checked")
+    assert got["test_opted_out"] == [], output
+    assert "threads left: ['opted-in-thread']" in error("test_no_leaks_gives_the_snapshot")

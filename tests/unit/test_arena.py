@@ -7,11 +7,14 @@ import gc
 import multiprocessing
 import os
 import warnings
+import weakref
 from collections import namedtuple
+from typing import Any
 
 import numpy as np
 import pytest
 
+from stoker._core import arena as arena_module
 from stoker._core.arena import ARENA_LIMIT_ENV, Arena, ArenaLink, SlotOrder
 from stoker._core.protocol import Done, Exhausted, Task
 from stoker._data.collate import default_collate
@@ -47,6 +50,25 @@ class Link:
         self.link.close()
         for conn in (self.tasks_main, self.tasks_worker, self.results_main, self.results_worker):
             conn.close()
+
+
+@pytest.fixture(autouse=True)
+def _arenas_close(monkeypatch: pytest.MonkeyPatch):
+    """Each arena a test makes closes its slots' descriptors when the test ends, as it would
+    once collected: the test's fixture values (which hold it) live until after the leak check."""
+    made: list[weakref.ref[Arena]] = []  # weak: a test may watch an arena's own finalizer
+    init = Arena.__init__
+
+    def recording_init(self: Arena, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(weakref.ref(self))
+
+    monkeypatch.setattr(Arena, "__init__", recording_init)
+    yield
+    for ref in made:
+        arena = ref()
+        if arena is not None:
+            arena_module._close_fds(arena.slots)
 
 
 @pytest.fixture

@@ -256,7 +256,7 @@ def test_packed_dataset_arrays_come_back_as_what_they_were() -> None:
     torch = pytest.importorskip("torch")
     import io
     import pickle
-    from multiprocessing import reduction
+    from multiprocessing import reduction, resource_sharer
 
     from stoker._core.sharing import SHARE_MIN_BYTES, Packed
 
@@ -269,6 +269,9 @@ def test_packed_dataset_arrays_come_back_as_what_they_were() -> None:
         out = pickle.loads(stream.getvalue())
     finally:
         packed.close()
+        # pickling a descriptor outside a worker's start started multiprocessing's resource
+        # sharer (a thread and its listening socket), which would live on for the process
+        resource_sharer.stop()
     assert type(out["tensor"]) is torch.Tensor and torch.equal(out["tensor"], tensor)
     assert type(out["array"]) is np.ndarray and np.array_equal(out["array"], array)
     assert type(out["small"]) is torch.Tensor and out["small"].tolist() == [1.0, 1.0, 1.0]
