@@ -6,6 +6,7 @@ no worker process outlived the doctor."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -171,7 +172,10 @@ def test_examples(example: str, tmp_path: Path) -> None:
     assert any(r["current"] for r in report["rows"])
     processes = [r for r in report["rows"] if r["kind"] == "processes" and r["samples_per_s"]]
     assert processes and all(r["uss_first_mb"] is not None and r["pss_end_mb"] is not None for r in processes)
-    assert out_png.stat().st_size > 0
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert out_png.stat().st_size > 0
+    else:  # the chart is optional (stoker[bench]); the CLI says why there is none
+        assert not out_png.exists() and "matplotlib is not installed: no chart" in result.stdout
     # it planned its sweep in the budget asked for; how long the run took on this machine (its
     # load included) is a figure, not a pass mark
     assert report["budget_s"] == seconds

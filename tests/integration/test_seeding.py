@@ -8,6 +8,7 @@ base seed) with num_workers 0, 1 and 3 and compares the batches of two epochs.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import numpy as np
 import pytest
@@ -58,14 +59,23 @@ class GlobalDraws(Dataset):
         return N
 
     def __getitem__(self, i: int) -> np.ndarray:
-        import torch
+        torch = optional_torch()
+        return np.array([i, random.random(), np.random.rand(), float(torch.rand(())) if torch else 0.0])
 
-        return np.array([i, random.random(), np.random.rand(), float(torch.rand(()))])
+
+def optional_torch() -> Any:
+    """torch, or None where it is not installed (stoker then seeds Python's and numpy's
+    global RNGs alone)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
 
 
 def import_torch(worker_id: int) -> None:
     """worker_init_fn: torch is imported before the first batch (as it is under fork)."""
-    import torch  # noqa: F401
+    optional_torch()
 
 
 def engine_kwargs(engine: str, num_workers: int) -> dict:
@@ -148,7 +158,7 @@ def test_iterable_items_draw_by_worker_and_position(engine: str) -> None:
 
 @pytest.mark.parametrize("seed_each_batch", [True, False])
 def test_seed_each_batch_makes_global_rng_batches_independent_of_the_workers(seed_each_batch: bool) -> None:
-    import torch  # noqa: F401  (so that fork workers have it)
+    optional_torch()  # so that fork workers have it
 
     runs = {
         num_workers: epochs(GlobalDraws(), num_workers, seed_each_batch=seed_each_batch, **init)
@@ -169,21 +179,26 @@ def test_seed_each_batch_under_spawn_matches_num_workers_0() -> None:
 
 
 def test_num_workers_0_with_seed_each_batch_leaves_the_callers_rngs_as_they_were() -> None:
-    import torch
+    torch = optional_torch()
 
     def states() -> tuple:
-        return random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state().tolist()
+        return random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state().tolist() if torch else None
 
-    random.seed(5)
-    np.random.seed(6)
-    torch.manual_seed(7)
+    def draws() -> tuple:
+        return random.random(), np.random.rand(), float(torch.rand(())) if torch else None
+
+    def seed() -> None:
+        random.seed(5)
+        np.random.seed(6)
+        if torch:
+            torch.manual_seed(7)
+
+    seed()
     before = states()
     loader = DataLoader(GlobalDraws(), batch_size=BATCH, shuffle=True, generator=3, seed_each_batch=True)
     for _ in loader:
         assert states() == before  # the training loop sees its own streams, batch after batch
     assert states() == before
-    expected = random.random(), np.random.rand(), float(torch.rand(()))
-    random.seed(5)
-    np.random.seed(6)
-    torch.manual_seed(7)
-    assert (random.random(), np.random.rand(), float(torch.rand(()))) == expected
+    expected = draws()
+    seed()
+    assert draws() == expected

@@ -5,6 +5,7 @@ so that the test session's own forkserver and imports do not hide anything."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -228,8 +229,6 @@ def test_prepare_forkserver_adds_the_dataset_and_collate_modules_once(monkeypatc
     fresh = forkserver.ForkServer()
     monkeypatch.setattr(forkserver, "_forkserver", fresh)
     monkeypatch.setattr(forkserver, "set_forkserver_preload", fresh.set_forkserver_preload)
-    import stoker.torch
-
     data = stoker.ArrayDataset([1, 2, 3])
     prepare_forkserver(data, stoker.default_collate)
     # the user's entries, then the guard that imports the rest under this process's argv
@@ -240,8 +239,11 @@ def test_prepare_forkserver_adds_the_dataset_and_collate_modules_once(monkeypatc
     assert fresh._preload_modules == expected
     prepare_forkserver(data, stoker.default_collate)  # idempotent
     assert fresh._preload_modules == expected
-    prepare_forkserver(data, stoker.torch.default_collate)  # the torch flavour's collate brings torch
-    assert fresh._preload_modules[-1] == stoker.torch.default_collate.__module__
+    if importlib.util.find_spec("torch") is not None:
+        import stoker.torch
+
+        prepare_forkserver(data, stoker.torch.default_collate)  # the torch flavour's collate brings torch
+        assert fresh._preload_modules[-1] == stoker.torch.default_collate.__module__
     assert fresh._forkserver_pid is None  # start=False starts nothing
 
 

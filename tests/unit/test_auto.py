@@ -281,7 +281,7 @@ def _assert_torch_takes(loader: Any) -> None:
 
 
 def test_auto_counts_are_ints_that_torchs_checks_take_before_and_after_the_choice() -> None:
-    torch_flavour = pytest.importorskip("stoker.torch")
+    torch_flavour = pytest.importorskip("stoker.torch", exc_type=ImportError)
     for name, loader in _auto_loaders(torch_flavour, Heavy).items():
         given = 1 if name == "prefetch only" else auto.start_workers(CPUS)
         assert (loader.num_workers, loader.prefetch_factor) == (given, auto.START_PREFETCH), name

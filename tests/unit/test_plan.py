@@ -261,6 +261,6 @@ def test_collate_given_or_the_flavours_default() -> None:
     assert resolve_collate(stoker.DataLoader, list, True) is list
     assert resolve_collate(stoker.DataLoader, None, True) is stoker.default_collate
     assert resolve_collate(stoker.DataLoader, None, False) is stoker.default_convert
-    st = pytest.importorskip("stoker.torch")
+    st = pytest.importorskip("stoker.torch", exc_type=ImportError)
     assert resolve_collate(st.DataLoader, None, True) is st.default_collate
     assert resolve_collate(st.DataLoader, None, False) is st.default_convert

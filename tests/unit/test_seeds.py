@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -36,16 +37,26 @@ def identity(batch):
     return batch
 
 
+def optional_torch() -> Any:
+    """torch, or None where it is not installed (the global RNGs are then Python's and
+    numpy's: stoker seeds torch's only when torch is there)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
 @pytest.fixture
 def global_rngs():
     """Put the test process's global RNGs back as they were."""
-    import torch
-
-    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    torch = optional_torch()
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state() if torch else None
     yield
     random.setstate(states[0])
     np.random.set_state(states[1])
-    torch.set_rng_state(states[2])
+    if torch:
+        torch.set_rng_state(states[2])
 
 
 # ---------------------------------------------------------------- derivation
@@ -223,7 +234,7 @@ def test_getitems_and_the_collate_fn_share_the_batch_stream() -> None:
 
 
 def test_subset_and_stack_of_per_sample_datasets_are_fetched_per_sample() -> None:
-    import torch.utils.data as tud
+    tud = pytest.importorskip("torch.utils.data")
 
     plain, batched = Recorder(), Batched()
     assert not fetches_batches(plain) and fetches_batches(batched)
@@ -292,9 +303,8 @@ class GlobalDraws(Dataset):
         return 8
 
     def __getitem__(self, i: int) -> tuple[float, float, float]:
-        import torch
-
-        return random.random(), float(np.random.rand()), float(torch.rand(()))
+        torch = optional_torch()
+        return random.random(), float(np.random.rand()), float(torch.rand(())) if torch else 0.0
 
 
 def worker_draws(worker_id: int, seed_each_batch: bool) -> list:
@@ -328,11 +338,12 @@ def test_seed_each_batch_makes_a_process_workers_batches_independent_of_its_id(g
 
 
 def test_seed_batch_globals_seeds_random_numpy_and_torch_from_base_epoch_and_batch(global_rngs) -> None:
-    import torch
+    torch = optional_torch()
 
-    def draws(base: int, epoch: int, batch: int) -> tuple[float, float, float]:
+    def draws(base: int, epoch: int, batch: int) -> tuple[float, ...]:
         seed_batch_globals(base, epoch, batch)
-        return random.random(), float(np.random.rand()), float(torch.rand(()))
+        drawn = random.random(), float(np.random.rand())
+        return (*drawn, float(torch.rand(()))) if torch else drawn
 
     reference = draws(1, 2, 3)
     assert draws(1, 2, 3) == reference
@@ -351,18 +362,17 @@ class Raises(GlobalDraws):
 
 
 def states() -> tuple:
-    import torch
-
-    return random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state().tolist()
+    torch = optional_torch()
+    return random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state().tolist() if torch else None
 
 
 @pytest.mark.parametrize("dataset", [GlobalDraws, Raises])
 def test_num_workers_0_gives_the_caller_its_rng_states_back(dataset, global_rngs) -> None:
     random.seed(1)
     np.random.seed(2)
-    import torch
-
-    torch.manual_seed(3)
+    torch = optional_torch()
+    if torch:
+        torch.manual_seed(3)
     before = states()
     loader = stoker.DataLoader(dataset(), batch_size=2, generator=0, seed_each_batch=True)
     if dataset is Raises:
@@ -392,8 +402,8 @@ def test_num_workers_0_batches_equal_a_process_workers(global_rngs) -> None:
 
 
 def test_exports() -> None:
-    import stoker.torch
+    st = pytest.importorskip("stoker.torch", exc_type=ImportError)
 
-    for module in (stoker, stoker.torch):
+    for module in (stoker, st):
         assert {"sample_seed", "sample_rng"} <= set(module.__all__)
         assert module.sample_seed is stoker.sample_seed and module.sample_rng is stoker.sample_rng

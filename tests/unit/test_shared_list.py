@@ -174,5 +174,5 @@ def test_pickled_under_packed_by_handle() -> None:
 
 def test_exported() -> None:
     assert "SharedList" in stoker.__all__
-    flavour = pytest.importorskip("stoker.torch")
+    flavour = pytest.importorskip("stoker.torch", exc_type=ImportError)
     assert flavour.SharedList is SharedList and "SharedList" in flavour.__all__
