@@ -23,7 +23,21 @@ USER_PY := $(USER_VENV)/bin/python
 USER_STAMP := $(USER_VENV)/.installed
 USER_TESTS := tests/user tests/shards/test_relay.py tests/shards/test_elastic.py
 
-.PHONY: test bench lint typecheck pytest user-tier coverage docs docs-strict setup clean
+# The core suite on the other Pythons users run (3.10, 3.12, 3.13; `make test` runs 3.11). torch's
+# CPU wheel is a local file for 3.11 only (an unpinned torch would pull a multi-GB CUDA build), so
+# each of these venvs holds what needs no torch: numpy, the shards' and progress extras, the test
+# runner, psutil (the leak check), hypothesis, moto (the S3 server on loopback), s3fs (the fsspec
+# client's S3) and webdataset (the shard tests read with it). The tiers below run whole: a test
+# that needs torch, PIL or a framework skips itself (pytest.importorskip), so a new test joins by
+# being placed in a tier, and one that imports torch unguarded fails here, as a user's would.
+# Made once per change of pyproject.toml; the checkout is installed editable, so each run tests
+# the tree as it is. An interpreter is found in pyenv's versions, else on PATH (python3.10 ...).
+PYTHONS := 3.10 3.12 3.13
+PYENV_ROOT ?= $(HOME)/.pyenv
+CORE_TESTS := tests/unit tests/integration tests/faults tests/shards tests/mix
+python_for = $(or $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/$(1).*/bin/python$(1)))),python$(1))
+
+.PHONY: test bench lint typecheck pytest user-tier test-pythons $(addprefix test-python,$(PYTHONS)) coverage docs docs-strict setup clean
 
 # pip would compile what it installs on one core (~75 s of CPU here); compileall uses every
 # core. Skipped: a file of torch's test helpers written for Python 3.12 only.
@@ -50,6 +64,25 @@ $(USER_STAMP): pyproject.toml
 user-tier: $(STAMP) $(USER_STAMP)
 	$(USER_PY) -m pip install --quiet --no-deps --force-reinstall .
 	STOKER_USER_TIER=1 STOKER_S3_SERVER_PYTHON=$(abspath $(PY)) $(USER_PY) -m pytest -q -p no:cacheprovider $(USER_TESTS)
+
+build/py%/.installed: pyproject.toml
+	rm -rf build/py$*
+	$(call python_for,$*) -m venv build/py$*
+	build/py$*/bin/python -m pip install --quiet --upgrade pip
+	build/py$*/bin/python -m pip install --quiet -e '.[stream,parquet,progress]' \
+		pytest pytest-timeout pytest-xdist psutil hypothesis 'moto[server]' 's3fs[boto3]' webdataset
+	touch $@
+
+# One Python's core suite: `make test-python3.12`. Each run prints its wall time.
+$(addprefix test-python,$(PYTHONS)): test-python%: build/py%/.installed
+	@start=$$(date +%s); \
+	build/py$*/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_WORKERS) $(CORE_TESTS) \
+		&& echo "core suite on Python $*: $$(( $$(date +%s) - start )) s"
+
+# One after another (each uses every core); every Python runs, then any failure fails the goal.
+test-pythons:
+	@failed=""; for v in $(PYTHONS); do $(MAKE) --no-print-directory test-python$$v || failed="$$failed $$v"; done; \
+	if [ -n "$$failed" ]; then echo "the core suite failed on Python$$failed"; exit 1; fi
 
 # Lint, type check, tests and the strict docs build run side by side: on a fresh clone the type
 # check alone takes ~35 s of one core (it reads torch's stubs); so does the user-install tier.
