@@ -119,9 +119,8 @@ class Engine(Protocol):
 def make_engine(
     plan: LoadPlan, base_seed: int, pipe_seed: int | None = None, pipe_share: tuple[int, int] = (1, 0)
 ) -> Engine:
-    """The engine for a plan: inline, threads or processes, with its workers' configs;
-    `pipe_seed`: a torch IterDataPipe's shared seed, which each worker seeds its copy with,
-    and `pipe_share` the (world size, rank) it shards it by (see datapipes)."""
+    """The engine for a plan (inline, threads or processes) with its workers' configs; a torch
+    IterDataPipe's shared seed and its (world size, rank) share: see datapipes."""
 
     saved = (plan.resume or {}).get("iterable") or {}
     replicas = [None if r is None else (r[0], int(r[1])) for r in saved.get("replicas", [])]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import bisect
 import math
-import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -29,6 +28,7 @@ from .._base.hooks import (
     follows,
     upcoming_of,
 )
+from .._base.process import at_fork
 from .._data.datasets import Dataset
 from .._data.identity import describe_data, prefixed
 from .mix_dataset import MixedDataset
@@ -58,8 +58,7 @@ def _new_locks() -> None:
         dataset._lock = threading.RLock()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_locks)
+at_fork(after_in_child=_new_locks)
 
 _DOCTOR_ROWS = 100_000  # what the doctor's report covers at most
 _WINDOWS_KEPT = 16  # packed windows a process keeps (rows of the windows it is reading now)
