@@ -172,8 +172,10 @@ class ExceptionInfo:
         if self.as_is and self.local is not None:
             return self.local
         message = f"Caught {self.type_name()} {self.where}: {self.message}"
+        # before 3.11 a traceback prints no notes: the cause then says where, as the note would
+        said = "" if sys.version_info >= (3, 11) else f"\n\n{message}"
         cause = RemoteTraceback(
-            f"\n\nTraceback in the worker ({self.where}):\n\"\"\"\n{self.traceback}\"\"\""
+            f"{said}\n\nTraceback in the worker ({self.where}):\n\"\"\"\n{self.traceback}\"\"\""
         )
         exc = self._rebuild_typed(message)
         exc.__cause__ = cause
@@ -198,8 +200,11 @@ class ExceptionInfo:
                 original = pickle.loads(self.pickled)
             except Exception:
                 original = None
-        if original is not None and sys.version_info >= (3, 11):
-            original.add_note(message)
+        if original is not None:
+            if sys.version_info >= (3, 11):
+                original.add_note(message)
+            else:  # 3.10 has no add_note: the attribute 3.11 keeps notes in (its tracebacks print it)
+                setattr(original, "__notes__", [*getattr(original, "__notes__", []), message])  # noqa: B010
             return original
         return WorkerError(message, self.type_name())
 
