@@ -77,6 +77,7 @@ class DaemonPool:
         self.live = 0
         self.started = 0
         self.closed = False
+        self.threads: list[threading.Thread] = []  # started, not yet seen ended by wait_idle
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
         job: Future[Any] = Future()
@@ -88,8 +89,21 @@ class DaemonPool:
             if self.live < self.most:
                 self.live += 1
                 self.started += 1
-                threading.Thread(target=self._run, name=f"{self.name}-{self.started}", daemon=True).start()
+                thread = threading.Thread(target=self._run, name=f"{self.name}-{self.started}", daemon=True)
+                self.threads = [t for t in self.threads if t.is_alive()]
+                self.threads.append(thread)
+                thread.start()
         return job
+
+    def wait_idle(self, timeout: float) -> None:
+        """Wait, at most `timeout` seconds, for every thread to end (the calls under way, and
+        those queued, to finish): before a fork, so that none runs in the forking process."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            threads = list(self.threads)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            _wait_exited(thread)
 
     def _run(self) -> None:
         while True:
@@ -319,7 +333,9 @@ class DownloadsAhead:
 
     def pause_for_fork(self) -> None:
         """Stop the watch and wait for its thread to end (it ends within one look at the read
-        counts); none starts until `resume_after_fork`. Leases are kept."""
+        counts); none starts until `resume_after_fork`. Leases are kept. Then wait a moment for
+        the download threads: between epochs a lease taken for the last batches may still be
+        settling; a download under way mid-epoch is not waited for past `_FORK_POOL_WAIT_S`."""
         with self.lock:
             self.forking = True
             thread = self.watcher
@@ -327,6 +343,7 @@ class DownloadsAhead:
             self.wake.set()
             thread.join(timeout=_FORK_JOIN_S)
             _wait_exited(thread)
+        self.pool.wait_idle(_FORK_POOL_WAIT_S)
 
     def resume_after_fork(self) -> None:
         """In the parent after a fork: the next draw starts the watch again. Not this hook: a
@@ -433,6 +450,8 @@ class DownloadsAhead:
 # how long a fork waits for a lease watch to end (it ends within one look at the read counts;
 # the bound only keeps a fork from waiting on a watch stuck in a slow file system)
 _FORK_JOIN_S = 5.0
+# how long a fork waits for the download threads to go idle
+_FORK_POOL_WAIT_S = 1.0
 def _wait_exited(thread: threading.Thread) -> None:
     """Wait until a joined thread's OS thread is gone (Linux; a bounded wait): `join` returns
     once its Python part has ended, a moment (well under a millisecond) before the OS thread
