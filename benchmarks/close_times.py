@@ -240,7 +240,9 @@ def _wait_for_busy(log_path: str, workers: int) -> None:
         time.sleep(0.01)
 
 
-def measure(loader_kind: str, method: str, transport: str | None, case: str, args: argparse.Namespace) -> dict[str, Any]:
+def measure(
+    loader_kind: str, method: str, transport: str | None, case: str, args: argparse.Namespace
+) -> dict[str, Any]:
     """One iterator: start it, fill (or busy) its workers, time its shutdown."""
     busy = case == "busy-close"
     began = time.perf_counter()
@@ -398,19 +400,42 @@ def _csv(text: str) -> list[str]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     available = multiprocessing.get_all_start_methods()
-    parser.add_argument("--methods", type=_csv, default=[m for m in ("fork", "spawn", "forkserver") if m in available], help="start methods, comma-separated (default: fork,spawn,forkserver, those available)")
-    parser.add_argument("--transports", type=_csv, default=list(TRANSPORTS), help="stoker transports: arena,pickle (default both)")
+    parser.add_argument(
+        "--methods",
+        type=_csv,
+        default=[m for m in ("fork", "spawn", "forkserver") if m in available],
+        help="start methods, comma-separated (default: fork,spawn,forkserver, those available)",
+    )
+    parser.add_argument(
+        "--transports", type=_csv, default=list(TRANSPORTS), help="stoker transports: arena,pickle (default both)"
+    )
     parser.add_argument("--cases", type=_csv, default=list(CASES), help=f"default {','.join(CASES)}")
-    parser.add_argument("--reps", type=int, default=5, help="repetitions of each stoker full-window configuration (default 5)")
-    parser.add_argument("--busy-reps", type=int, default=1, help="repetitions of stoker's busy-close, ~2.5 s each (default 1)")
-    parser.add_argument("--torch-reps", type=int, default=1, help="repetitions of each torch baseline configuration (default 1; spawn and forkserver workers import torch, ~5 s each)")
+    parser.add_argument(
+        "--reps", type=int, default=5, help="repetitions of each stoker full-window configuration (default 5)"
+    )
+    parser.add_argument(
+        "--busy-reps", type=int, default=1, help="repetitions of stoker's busy-close, ~2.5 s each (default 1)"
+    )
+    parser.add_argument(
+        "--torch-reps",
+        type=int,
+        default=1,
+        help="repetitions of each torch baseline configuration (default 1; spawn and forkserver workers import torch, ~5 s each)",
+    )
     parser.add_argument("--sample-bytes", type=int, default=1 << 20, help="bytes per sample (default 1 MiB)")
     parser.add_argument("--batch-size", type=int, default=10, help="samples per batch (default 10)")
     parser.add_argument("--batches", type=int, default=48, help="batches per epoch (default 48)")
     parser.add_argument("--workers", type=int, default=4, help="num_workers (default 4)")
     parser.add_argument("--prefetch", type=int, default=2, help="prefetch_factor (default 2)")
-    parser.add_argument("--slow-sample", type=float, default=0.2, help="seconds each sample sleeps in busy-close (default 0.2)")
-    parser.add_argument("--settle", type=float, default=None, help="sleep this long for the window to fill instead of watching the workers make it")
+    parser.add_argument(
+        "--slow-sample", type=float, default=0.2, help="seconds each sample sleeps in busy-close (default 0.2)"
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=None,
+        help="sleep this long for the window to fill instead of watching the workers make it",
+    )
     parser.add_argument("--no-torch", action="store_true", help="skip the torch.utils.data baseline")
     parser.add_argument("--json", default=None, help="also write the results as JSON here")
     args = parser.parse_args(argv)

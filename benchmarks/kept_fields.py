@@ -112,7 +112,10 @@ def run(batches: int, reps: int) -> dict[str, Any]:
             for name in ("torch.utils.data", "stoker.torch"):
                 out = subprocess.run(
                     [sys.executable, __file__, "--one", name, case, "--batches", str(batches)],
-                    check=True, capture_output=True, text=True, timeout=600,
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                    timeout=600,
                 )
                 rows.setdefault((case, name), []).append(json.loads(out.stdout.splitlines()[-1]))
     table = []

@@ -121,11 +121,17 @@ def epoch(make_loader: Callable[[], Any]) -> dict[str, Any]:
         a = after.get(pid)
         if b is None or a is None:
             continue
-        workers.append({
-            "pid": pid,
-            "uss_before_mb": b[0] / MB, "uss_after_mb": a[0] / MB, "uss_growth_mb": (a[0] - b[0]) / MB,
-            "pss_before_mb": b[1] / MB, "pss_after_mb": a[1] / MB, "pss_growth_mb": (a[1] - b[1]) / MB,
-        })
+        workers.append(
+            {
+                "pid": pid,
+                "uss_before_mb": b[0] / MB,
+                "uss_after_mb": a[0] / MB,
+                "uss_growth_mb": (a[0] - b[0]) / MB,
+                "pss_before_mb": b[1] / MB,
+                "pss_after_mb": a[1] / MB,
+                "pss_growth_mb": (a[1] - b[1]) / MB,
+            }
+        )
     return {
         "batches": batches,
         "items": items,
@@ -208,7 +214,7 @@ def run(n: int, passes: int, access_count: int) -> dict[str, Any]:
     }
     # warm up in this process first (lazy imports, first collations), so that the workers
     # inherit it instead of growing by it during the measured epoch
-    tiny = Files(paths[:4 * BATCH_SIZE], labels[:4 * BATCH_SIZE])
+    tiny = Files(paths[: 4 * BATCH_SIZE], labels[: 4 * BATCH_SIZE])
     tiny_shared = Files(SharedList(tiny.paths), SharedList(tiny.labels))
     for kind, dataset in ((torch.utils.data, tiny), (stoker.torch, tiny), (stoker, tiny_shared)):
         for _ in kind.DataLoader(dataset, batch_size=BATCH_SIZE, shuffle=True, num_workers=0):
@@ -226,21 +232,25 @@ def run(n: int, passes: int, access_count: int) -> dict[str, Any]:
         base = next(r for r in runs if r["num_workers"] == workers and r["loader"].startswith("torch"))
         shared = next(r for r in runs if r["num_workers"] == workers and "SharedList" in r["loader"])
         ratio = shared["uss_growth_total_mb"] / base["uss_growth_total_mb"] if base["uss_growth_total_mb"] > 0 else None
-        targets.append({
-            "name": f"uss_growth_{workers}_workers",
-            "what": f"SharedList's summed USS growth <= {USS_TARGET:.0%} of torch's with lists, {workers} workers",
-            "value": ratio,
-            "target": USS_TARGET,
-            "met": ratio is not None and ratio <= USS_TARGET,
-        })
+        targets.append(
+            {
+                "name": f"uss_growth_{workers}_workers",
+                "what": f"SharedList's summed USS growth <= {USS_TARGET:.0%} of torch's with lists, {workers} workers",
+                "value": ratio,
+                "target": USS_TARGET,
+                "met": ratio is not None and ratio <= USS_TARGET,
+            }
+        )
     ratio = access["paths"]["ratio"]
-    targets.append({
-        "name": "item_access",
-        "what": f"SharedList item access (paths) <= {ACCESS_TARGET:g}x a list's",
-        "value": ratio,
-        "target": ACCESS_TARGET,
-        "met": ratio <= ACCESS_TARGET,
-    })
+    targets.append(
+        {
+            "name": "item_access",
+            "what": f"SharedList item access (paths) <= {ACCESS_TARGET:g}x a list's",
+            "value": ratio,
+            "target": ACCESS_TARGET,
+            "met": ratio <= ACCESS_TARGET,
+        }
+    )
     return {
         "objects": 2 * n,
         "n": n,
@@ -261,29 +271,37 @@ def run(n: int, passes: int, access_count: int) -> dict[str, Any]:
 
 def print_report(report: dict[str, Any]) -> None:
     n = report["n"]
-    print(f"Memory: {n:,} paths + {n:,} labels ({report['objects']:,} objects), fork, "
-          f"batch {report['batch_size']}, shuffle, one epoch; MB; growth = after batch len-{END_MARGIN} "
-          "minus after batch 1")
+    print(
+        f"Memory: {n:,} paths + {n:,} labels ({report['objects']:,} objects), fork, "
+        f"batch {report['batch_size']}, shuffle, one epoch; MB; growth = after batch len-{END_MARGIN} "
+        "minus after batch 1"
+    )
     header = f"{'loader':<32} {'W':>2} {'epoch s':>8} {'USS before':>11} {'USS growth':>11} {'PSS growth':>11} {'sum USS +':>10} {'sum PSS +':>10}"
     print(header)
     print("-" * len(header))
     for r in report["runs"]:
         ws = r["workers"]
         k = max(len(ws), 1)
-        print(f"{r['loader']:<32} {r['num_workers']:>2} {r['epoch_s']:>8.1f} "
-              f"{sum(w['uss_before_mb'] for w in ws) / k:>11.1f} "
-              f"{sum(w['uss_growth_mb'] for w in ws) / k:>11.1f} "
-              f"{sum(w['pss_growth_mb'] for w in ws) / k:>11.1f} "
-              f"{r['uss_growth_total_mb']:>10.1f} {r['pss_growth_total_mb']:>10.1f}")
+        print(
+            f"{r['loader']:<32} {r['num_workers']:>2} {r['epoch_s']:>8.1f} "
+            f"{sum(w['uss_before_mb'] for w in ws) / k:>11.1f} "
+            f"{sum(w['uss_growth_mb'] for w in ws) / k:>11.1f} "
+            f"{sum(w['pss_growth_mb'] for w in ws) / k:>11.1f} "
+            f"{r['uss_growth_total_mb']:>10.1f} {r['pss_growth_total_mb']:>10.1f}"
+        )
     print("(per-worker columns: mean over the workers)")
     b = report["build"]
     print()
-    print(f"SharedList build: paths {b['paths_s']:.2f} s, labels {b['labels_s']:.2f} s; "
-          f"size: paths {b['paths_shared_mb']:.1f} MB vs list ~{b['paths_list_mb']:.1f} MB, "
-          f"labels {b['labels_shared_mb']:.1f} MB vs list ~{b['labels_list_mb']:.1f} MB")
+    print(
+        f"SharedList build: paths {b['paths_s']:.2f} s, labels {b['labels_s']:.2f} s; "
+        f"size: paths {b['paths_shared_mb']:.1f} MB vs list ~{b['paths_list_mb']:.1f} MB, "
+        f"labels {b['labels_shared_mb']:.1f} MB vs list ~{b['labels_list_mb']:.1f} MB"
+    )
     for name, a in report["access"].items():
-        print(f"item access, {name:<17}: list {a['list_ns']:6.0f} ns, SharedList {a['shared_ns']:6.0f} ns, "
-              f"ratio {a['ratio']:.2f}x")
+        print(
+            f"item access, {name:<17}: list {a['list_ns']:6.0f} ns, SharedList {a['shared_ns']:6.0f} ns, "
+            f"ratio {a['ratio']:.2f}x"
+        )
     print()
     for t in report["targets"]:
         value = "n/a" if t["value"] is None else (f"{t['value']:.1%}" if t["target"] < 1 else f"{t['value']:.2f}x")

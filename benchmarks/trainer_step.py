@@ -66,9 +66,16 @@ def run(loader: str, workers: int, steps: int) -> float:
 
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(
-            output_dir=out, per_device_train_batch_size=BATCH, max_steps=steps + 5, use_cpu=True,
-            report_to=[], save_strategy="no", logging_strategy="no", disable_tqdm=True,
-            dataloader_num_workers=workers, remove_unused_columns=False,
+            output_dir=out,
+            per_device_train_batch_size=BATCH,
+            max_steps=steps + 5,
+            use_cpu=True,
+            report_to=[],
+            save_strategy="no",
+            logging_strategy="no",
+            disable_tqdm=True,
+            dataloader_num_workers=workers,
+            remove_unused_columns=False,
         )
         trainer = Trainer(model=GPT2LMHeadModel(config), args=args, train_dataset=Texts(), callbacks=[Clock()])
         if loader == "stoker":
@@ -90,8 +97,10 @@ def main() -> int:
                 seconds = run(loader, workers, options.steps)
                 results.setdefault((loader, workers), []).append(seconds)
                 print(f"rep {rep + 1}: {loader} workers={workers}: {1000 * seconds:.1f} ms/step", file=sys.stderr)
-    print(f"Trainer step, tiny GPT-2 (2 x 128), batch {BATCH} of {SEQUENCE} tokens, CPU, "
-          f"{options.steps} steps after 5, {options.reps} repetitions interleaved; {os.cpu_count()} CPUs")
+    print(
+        f"Trainer step, tiny GPT-2 (2 x 128), batch {BATCH} of {SEQUENCE} tokens, CPU, "
+        f"{options.steps} steps after 5, {options.reps} repetitions interleaved; {os.cpu_count()} CPUs"
+    )
     print(f"{'loader':<8}{'workers':>8}{'ms/step':>10}{'samples/s':>11}{'vs torch':>10}")
     for workers in (0, 2):
         base = statistics.median(results[("torch", workers)])

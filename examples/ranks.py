@@ -36,8 +36,10 @@ def main() -> None:
         totals = torch.tensor([count, checksum], dtype=torch.float64)
         dist.all_reduce(totals)
         if rank == 0:
-            print(f"epoch {epoch}: {int(totals[0])} samples over {world} ranks "
-                  f"(the dataset has {len(dataset)}), checksum {float(totals[1]):.1f}")
+            print(
+                f"epoch {epoch}: {int(totals[0])} samples over {world} ranks "
+                f"(the dataset has {len(dataset)}), checksum {float(totals[1]):.1f}"
+            )
     state = loader.state_dict()  # save it with the model's checkpoint, on every rank
     if rank == 0:
         print(f"shuffling seed {sampler.seed} on every rank; a state is {len(str(state))} characters")

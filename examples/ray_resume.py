@@ -21,9 +21,7 @@ class Noisy(stoker.Dataset):
 
 
 def make_loader():
-    return stoker.ray.DataLoader(
-        Noisy(), batch_size=64, shuffle=True, seed=0, rank=0, world_size=1, drop_last=True
-    )
+    return stoker.ray.DataLoader(Noisy(), batch_size=64, shuffle=True, seed=0, rank=0, world_size=1, drop_last=True)
 
 
 if __name__ == "__main__":

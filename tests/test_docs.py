@@ -58,14 +58,14 @@ def docstring_blocks(module_name: str) -> list[Block]:
         obj = getattr(module, name)
         documented.append((f"{module_name}.{name}", obj))
         if inspect.isclass(obj):
-            documented += [(f"{module_name}.{name}.{k}", v) for k, v in vars(obj).items()
-                           if not k.startswith("_")]
+            documented += [(f"{module_name}.{name}.{k}", v) for k, v in vars(obj).items() if not k.startswith("_")]
     blocks = []
     for where, obj in documented:
         doc = obj.__doc__ if isinstance(obj, property) else getattr(obj, "__doc__", None)
         if isinstance(doc, str):
-            blocks += [Block(where, inspect.cleandoc(code) + "\n")
-                       for code in PYTHON_FENCE.findall(inspect.cleandoc(doc))]
+            blocks += [
+                Block(where, inspect.cleandoc(code) + "\n") for code in PYTHON_FENCE.findall(inspect.cleandoc(doc))
+            ]
     return blocks
 
 
@@ -83,13 +83,17 @@ BLOCKS = all_blocks()
 def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """Starts every selected runnable block in the background (PARALLEL at a time); a test
     waits for its own. All have finished when the module's tests are done."""
-    selected = {item.callspec.params["block"].where for item in request.session.items
-                if getattr(item, "originalname", None) == "test_example_runs" and hasattr(item, "callspec")}
+    selected = {
+        item.callspec.params["block"].where
+        for item in request.session.items
+        if getattr(item, "originalname", None) == "test_example_runs" and hasattr(item, "callspec")
+    }
     base = tmp_path_factory.mktemp("docs-examples")
     with ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="docs-example") as pool:
         futures: dict[str, Future[Outcome]] = {
             block.where: pool.submit(run_block, block, base / f"{n:02d}")
-            for n, block in enumerate(BLOCKS) if block.skip is None and block.where in selected
+            for n, block in enumerate(BLOCKS)
+            if block.skip is None and block.where in selected
         }
         yield futures
         for future in futures.values():
@@ -98,7 +102,8 @@ def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 
 @pytest.mark.timeout(BLOCK_TIMEOUT_S * (len(BLOCKS) // PARALLEL + 2))
 @pytest.mark.leaks_allowed(
-    "processes", "fds",
+    "processes",
+    "fds",
     reason="the blocks run PARALLEL at a time in the background while each test waits for its own: "
     "the processes and pipes of the others come and go meanwhile; each block's own leftovers "
     "(its session's processes) are asserted below",
@@ -118,11 +123,27 @@ def test_example_runs(block: Block, outcomes: dict[str, Future[Outcome]]) -> Non
 def test_every_page_has_its_examples_found() -> None:
     # the pages that teach with code have blocks (a broken fence would hide them from the run)
     where = {b.where.split(":")[0] for b in BLOCKS}
-    for page in ("README.md", "docs/getting-started.md", "docs/guide/frameworks.md",
-                 "docs/guide/randomness-and-resume.md", "docs/guide/feeding-a-gpu.md",
-                 "docs/guide/vision.md", "docs/guide/shards.md", "docs/guide/mixing-and-packing.md", "stoker.testing"):
+    for page in (
+        "README.md",
+        "docs/getting-started.md",
+        "docs/guide/frameworks.md",
+        "docs/guide/randomness-and-resume.md",
+        "docs/guide/feeding-a-gpu.md",
+        "docs/guide/vision.md",
+        "docs/guide/shards.md",
+        "docs/guide/mixing-and-packing.md",
+        "stoker.testing",
+    ):
         assert page in where, page
-    assert set(reference_modules()) == {"stoker", "stoker.torch", "stoker.vision", "stoker.shards", "stoker.mix", "stoker.ray", "stoker.testing"}
+    assert set(reference_modules()) == {
+        "stoker",
+        "stoker.torch",
+        "stoker.vision",
+        "stoker.shards",
+        "stoker.mix",
+        "stoker.ray",
+        "stoker.testing",
+    }
 
 
 def test_readme_is_short_and_starts_with_the_two_commands() -> None:

@@ -120,11 +120,14 @@ def write_dataset(url: str, shards: int, shard_mb: float, storage_options: dict[
     per_shard = max(1, shard_bytes // (sample_bytes + 1536))
     rng = np.random.default_rng(0)
     blob = rng.integers(0, 256, sample_bytes + 251, dtype=np.uint8).tobytes()
-    samples = ({"__key__": f"{i:07d}", "bin": blob[i % 251 : i % 251 + sample_bytes], "cls": i}
-               for i in range(shards * per_shard))
+    samples = (
+        {"__key__": f"{i:07d}", "bin": blob[i % 251 : i % 251 + sample_bytes], "cls": i}
+        for i in range(shards * per_shard)
+    )
     # a sample takes its bytes (whole 512-byte blocks) and two headers and the label's block
-    return write_shards(samples, url, shard_bytes=per_shard * (sample_bytes + 1536) - 1, workers=1,
-                        storage_options=storage_options)
+    return write_shards(
+        samples, url, shard_bytes=per_shard * (sample_bytes + 1536) - 1, workers=1, storage_options=storage_options
+    )
 
 
 def _rank(cfg: dict[str, Any], rank: int, step: Any, epoch_end: Any, errors: Any) -> None:
@@ -135,12 +138,20 @@ def _rank(cfg: dict[str, Any], rank: int, step: Any, epoch_end: Any, errors: Any
         from stoker import DataLoader
         from stoker.shards import ShardedDataset, ShardedSampler
 
-        data = ShardedDataset(cfg["url"], cache_dir=cfg["cache_dir"], cache_bytes=cfg["cap"], decode=None,
-                              storage_options=cfg["storage_options"], transform=Pace(cfg["sample_ms"]))
-        sampler = ShardedSampler(data, num_replicas=cfg["ranks"], rank=rank, seed=0,
-                                 window_shards=cfg["window_shards"], drop_last=True)
-        loader = DataLoader(data, batch_size=cfg["batch"], sampler=sampler, num_workers=cfg["workers"],
-                            collate_fn=len, timeout=120)
+        data = ShardedDataset(
+            cfg["url"],
+            cache_dir=cfg["cache_dir"],
+            cache_bytes=cfg["cap"],
+            decode=None,
+            storage_options=cfg["storage_options"],
+            transform=Pace(cfg["sample_ms"]),
+        )
+        sampler = ShardedSampler(
+            data, num_replicas=cfg["ranks"], rank=rank, seed=0, window_shards=cfg["window_shards"], drop_last=True
+        )
+        loader = DataLoader(
+            data, batch_size=cfg["batch"], sampler=sampler, num_workers=cfg["workers"], collate_fn=len, timeout=120
+        )
         for epoch in range(cfg["epochs"]):
             sampler.set_epoch(epoch)
             seen = 0
@@ -169,15 +180,15 @@ def measure(cfg: dict[str, Any]) -> dict[str, Any]:
     from stoker.shards import ShardedDataset
 
     os.environ.update(cfg["env"])
-    probe = ShardedDataset(cfg["url"], cache_dir=cfg["cache_dir"], cache_bytes=cfg["cap"],
-                           storage_options=cfg["storage_options"])
+    probe = ShardedDataset(
+        cfg["url"], cache_dir=cfg["cache_dir"], cache_bytes=cfg["cap"], storage_options=cfg["storage_options"]
+    )
     shards = len(probe.index.shards)
     watch = DownloadWatch(os.path.join(probe.cache.directory, "shards"))
     ctx = multiprocessing.get_context("spawn")
     step, epoch_end = ctx.Barrier(cfg["ranks"]), ctx.Barrier(cfg["ranks"] + 1)
     errors = ctx.Queue()
-    procs = [ctx.Process(target=_rank, args=(cfg, r, step, epoch_end, errors))
-             for r in range(cfg["ranks"])]
+    procs = [ctx.Process(target=_rank, args=(cfg, r, step, epoch_end, errors)) for r in range(cfg["ranks"])]
     out: dict[str, Any] = {"shards": shards, "downloads": [], "most_per_shard": [], "seconds": []}
     try:
         for p in procs:
@@ -258,13 +269,28 @@ def sweep(
                 cap = max(max(sizes), int(cap_windows * window_bytes))
                 cache_dir = os.path.join(work, f"cache-{store}-{ranks}-{cap_windows}")
                 cfg = {
-                    "url": url, "cache_dir": cache_dir, "cap": cap, "env": env, "storage_options": options,
-                    "ranks": ranks, "workers": workers, "window_shards": window_shards, "epochs": epochs,
-                    "batch": batch, "sample_ms": sample_ms,
+                    "url": url,
+                    "cache_dir": cache_dir,
+                    "cap": cap,
+                    "env": env,
+                    "storage_options": options,
+                    "ranks": ranks,
+                    "workers": workers,
+                    "window_shards": window_shards,
+                    "epochs": epochs,
+                    "batch": batch,
+                    "sample_ms": sample_ms,
                 }
                 result = measure(cfg)
-                row = {"store": store, "ranks": ranks, "workers": workers, "cap_windows": cap_windows,
-                       "cap_bytes": cap, "shards": len(sizes), **result}
+                row = {
+                    "store": store,
+                    "ranks": ranks,
+                    "workers": workers,
+                    "cap_windows": cap_windows,
+                    "cap_bytes": cap,
+                    "shards": len(sizes),
+                    **result,
+                }
                 rows.append(row)
                 say(_line(row))
                 shutil.rmtree(cache_dir, ignore_errors=True)
@@ -273,8 +299,15 @@ def sweep(
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
     return {
-        "settings": {"shards": shards, "shard_mb": shard_mb, "window_shards": window_shards, "workers": workers,
-                     "epochs": epochs, "batch": batch, "sample_ms": sample_ms},
+        "settings": {
+            "shards": shards,
+            "shard_mb": shard_mb,
+            "window_shards": window_shards,
+            "workers": workers,
+            "epochs": epochs,
+            "batch": batch,
+            "sample_ms": sample_ms,
+        },
         "rows": rows,
     }
 
@@ -296,13 +329,16 @@ def table(report: dict[str, Any]) -> str:
         f"window_shards={s['window_shards']}, {s['workers']} workers per rank, batch {s['batch']}, {epochs} epochs, "
         f"{s['sample_ms']:g} ms a sample",
         "",
-        "| store | ranks x workers | cap (windows) | " + " | ".join(f"epoch {e + 1} downloads/shard" for e in range(epochs))
+        "| store | ranks x workers | cap (windows) | "
+        + " | ".join(f"epoch {e + 1} downloads/shard" for e in range(epochs))
         + " | most of one shard | epoch 1 s |",
         "|---|---|---:|" + "---:|" * (epochs + 2),
     ]
     for row in report["rows"]:
         if "error" in row:
-            lines.append(f"| {row['store']} | {row['ranks']} x {row['workers']} | {row['cap_windows']:g} | {row['error']} |")
+            lines.append(
+                f"| {row['store']} | {row['ranks']} x {row['workers']} | {row['cap_windows']:g} | {row['error']} |"
+            )
             continue
         per = " | ".join(f"{x:.2f}" for x in row["per_shard_per_epoch"])
         lines.append(
@@ -315,7 +351,9 @@ def table(report: dict[str, Any]) -> str:
 def main(argv: Sequence[str]) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="benchmarks/shards_bench.py --cache-sweep", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="benchmarks/shards_bench.py --cache-sweep", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--shards", type=int, default=15)
     parser.add_argument("--shard-mb", type=float, default=2.2)
     parser.add_argument("--window-shards", type=int, default=4)
@@ -328,9 +366,16 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     settings = [(part.split(":")[0], int(part.split(":")[1])) for part in args.settings.split(",") if part]
     report = sweep(
-        shards=args.shards, shard_mb=args.shard_mb, window_shards=args.window_shards,
-        caps=[float(c) for c in args.caps.split(",") if c], settings=settings, workers=args.workers,
-        epochs=args.epochs, batch=args.batch, sample_ms=args.sample_ms, progress=lambda text: print(text, flush=True),
+        shards=args.shards,
+        shard_mb=args.shard_mb,
+        window_shards=args.window_shards,
+        caps=[float(c) for c in args.caps.split(",") if c],
+        settings=settings,
+        workers=args.workers,
+        epochs=args.epochs,
+        batch=args.batch,
+        sample_ms=args.sample_ms,
+        progress=lambda text: print(text, flush=True),
     )
     print()
     print(table(report))

@@ -27,7 +27,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--workloads", type=_csv, default=",".join(WORKLOADS), help="comma-separated, e.g. W1,W2")
     parser.add_argument(
-        "--workers", type=_csv, default=None, help="comma-separated numbers of workers (default 0,1,2; W10: 1,2,4,8; W12: 2,4,8,14; with --gpu 4,8,14)"
+        "--workers",
+        type=_csv,
+        default=None,
+        help="comma-separated numbers of workers (default 0,1,2; W10: 1,2,4,8; W12: 2,4,8,14; with --gpu 4,8,14)",
     )
     parser.add_argument("--reps", type=int, default=3, help="repetitions per configuration (interleaved)")
     parser.add_argument("--quick", action="store_true", help="small sizes and one repetition: a smoke test")
@@ -80,7 +83,9 @@ def _bench(args: argparse.Namespace) -> int:
         from . import gpubench
 
         if args.no_torch:
-            print("stoker-bench: --gpu runs stoker.torch and torch.utils.data: it cannot take --no-torch", file=sys.stderr)
+            print(
+                "stoker-bench: --gpu runs stoker.torch and torch.utils.data: it cannot take --no-torch", file=sys.stderr
+            )
             return 2
         gpu_json = args.json or os.path.join(args.out_dir, "gpubench.json")
         return gpubench.main(None if default_workers else workers, args.reps, quick=args.quick, json_path=gpu_json)
@@ -123,8 +128,9 @@ def _bench(args: argparse.Namespace) -> int:
         if not with_torch:
             print("stoker-bench: W10/W11 need torch (they run stoker.torch and torch.utils.data): skipped")
         else:
-            startbench.main(None if default_workers else workers, reps, args.quick,
-                            os.path.join(args.out_dir, "startbench.json"))
+            startbench.main(
+                None if default_workers else workers, reps, args.quick, os.path.join(args.out_dir, "startbench.json")
+            )
     if "W12" in workloads:  # torchvision's ImageNet training pipeline over an ImageFolder of JPEGs
         from . import w12
 

@@ -178,9 +178,7 @@ def _one_batch(plan: Plan, sources: Any) -> tuple[Any, Any]:
 
     crops = bench.ImageNetCrops(sources, plan.batch_size)
     samples = [crops[i] for i in range(plan.batch_size)]
-    return torch.stack([image for image, _ in samples]), torch.tensor(
-        [label for _, label in samples]
-    )
+    return torch.stack([image for image, _ in samples]), torch.tensor([label for _, label in samples])
 
 
 def ceiling(plan: Plan, step: Step, batch: tuple[Any, Any]) -> float:
@@ -303,9 +301,7 @@ def run(plan: Plan, progress: Callable[[str], None] | None = None) -> dict[str, 
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if plan.sources > CLASSES:
-        raise ValueError(
-            f"sources should be at most {CLASSES} (labels are classes), got {plan.sources}"
-        )
+        raise ValueError(f"sources should be at most {CLASSES} (labels are classes), got {plan.sources}")
     sources = bench.w7_sources(plan.sources)
     step = Step(plan, device)
     batch = _one_batch(plan, sources)
@@ -317,8 +313,7 @@ def run(plan: Plan, progress: Callable[[str], None] | None = None) -> dict[str, 
         for row in rows.values():
             if progress is not None:
                 progress(
-                    f"rep {rep + 1}/{plan.reps}: {row.loader} w={row.workers} pin={row.pin_memory} "
-                    f"feed={row.feed}"
+                    f"rep {rep + 1}/{plan.reps}: {row.loader} w={row.workers} pin={row.pin_memory} feed={row.feed}"
                 )
             rate, cpu_ms, gb_per_s = feed(plan, step, sources, row.loader, row.workers, row.pin_memory, row.feed)
             row.images_per_s.append(rate)
@@ -429,8 +424,16 @@ class GpuPathPlan:
     @classmethod
     def quick_plan(cls, device: str = "cuda") -> GpuPathPlan:
         """A smoke test: W12's quick files and batch, one repetition, two workers."""
-        return cls(gpu_workers=(2,), torch_workers=(2,), reps=1, quick=True, warm=2, measured=4,
-                   decode_batches=2, device=device)
+        return cls(
+            gpu_workers=(2,),
+            torch_workers=(2,),
+            reps=1,
+            quick=True,
+            warm=2,
+            measured=4,
+            decode_batches=2,
+            device=device,
+        )
 
 
 def _w12() -> Any:
@@ -474,9 +477,7 @@ def _host_batches(paths: list[str], batch: int, count: int) -> list[Any]:
     from stoker.vision import DecodeOnDevice, collate_jpegs
 
     make = DecodeOnDevice(_w12().SIZE, generator=0)
-    return [
-        collate_jpegs([make(paths[(k * batch + i) % len(paths)]) for i in range(batch)]) for k in range(count)
-    ]
+    return [collate_jpegs([make(paths[(k * batch + i) % len(paths)]) for i in range(batch)]) for k in range(count)]
 
 
 def decode_times(batches: list[Any], device: Any, decoder: str = "auto") -> dict[str, float]:
@@ -514,8 +515,13 @@ def decode_times(batches: list[Any], device: Any, decoder: str = "auto") -> dict
 
 
 def calibrated_step(
-    device: Any, target: float, batch: tuple[Any, Any], head_width: int = HEAD_WIDTH, reps: int = 3,
-    warm: int = 3, measured: int = 10,
+    device: Any,
+    target: float,
+    batch: tuple[Any, Any],
+    head_width: int = HEAD_WIDTH,
+    reps: int = 3,
+    warm: int = 3,
+    measured: int = 10,
 ) -> tuple[Step, float]:
     """The fixed step with its head's repeats chosen so that it runs at about `target`
     images/s on a resident batch (the time is linear in the repeats); and its images/s (each
@@ -527,7 +533,9 @@ def calibrated_step(
     low, high = CALIBRATION_REPEATS
     seconds = []
     for repeats in (low, high):
-        seconds.append(1 / statistics.median(ceiling(plan(repeats), Step(plan(repeats), device), batch) for _ in range(reps)))
+        seconds.append(
+            1 / statistics.median(ceiling(plan(repeats), Step(plan(repeats), device), batch) for _ in range(reps))
+        )
     per_repeat = (seconds[1] - seconds[0]) / (high - low)
     fixed = seconds[0] - low * per_repeat
     repeats = max(0, round((1 / target - fixed) / per_repeat)) if per_repeat > 0 else low
@@ -544,8 +552,12 @@ def gpu_feed(step: Step, root: str, workers: int, batch: int, warm: int, measure
     pipeline = gpu_pipeline(step.device, decoder)
     samples = (warm + measured + DEPTH + 2) * batch
     loader = DataLoader(
-        pipeline.dataset(root, samples), batch_size=batch, shuffle=True, num_workers=workers,
-        prefetch_factor=w12.PREFETCH, **pipeline.options,
+        pipeline.dataset(root, samples),
+        batch_size=batch,
+        shuffle=True,
+        num_workers=workers,
+        prefetch_factor=w12.PREFETCH,
+        **pipeline.options,
     )
     # the step overlaps the decoding: no synchronisation per batch, unlike the W12 rows
     iterator = iter(to_device(loader, step.device, transform=decode_jpegs(w12.MEAN, w12.STD, decoder=decoder)))
@@ -588,19 +600,27 @@ def gpu_path(plan: GpuPathPlan, progress: Callable[[str], None] | None = None) -
     ours = gpu_pipeline(device, plan.decoder)
     rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for rep in range(plan.reps):
-        for pipeline, loader_name, counts in ((w12.PIPELINES["float"], "torch", torch_counts),
-                                              (ours, "stoker.torch", list(plan.gpu_workers))):
+        for pipeline, loader_name, counts in (
+            (w12.PIPELINES["float"], "torch", torch_counts),
+            (ours, "stoker.torch", list(plan.gpu_workers)),
+        ):
             for count in counts:
                 samples = w12.epoch_samples(count, len(paths), batch)
                 figures = w12.epoch(pipeline, loader_name, root, count, samples, batch)
                 rows.setdefault((pipeline.name, count), []).append(figures)
                 if progress is not None:
-                    progress(f"GPU path rep {rep + 1}/{plan.reps}: {pipeline.name} {loader_name} w={count}: "
-                             f"{figures['epoch_images_per_s']:,.0f} images/s")
+                    progress(
+                        f"GPU path rep {rep + 1}/{plan.reps}: {pipeline.name} {loader_name} w={count}: "
+                        f"{figures['epoch_images_per_s']:,.0f} images/s"
+                    )
     table_rows = []
     for (name, count), values in rows.items():
-        row: dict[str, Any] = {"pipeline": name, "workers": count, "reps": len(values),
-                               "loader": "torch" if name == "float" else "stoker.torch"}
+        row: dict[str, Any] = {
+            "pipeline": name,
+            "workers": count,
+            "reps": len(values),
+            "loader": "torch" if name == "float" else "stoker.torch",
+        }
         row.update({key: w12._median([v[key] for v in values]) for key in w12.FIGURES})
         table_rows.append(row)
     torch_best = max(r["epoch_images_per_s"] for r in table_rows if r["pipeline"] == "float")
@@ -615,16 +635,28 @@ def gpu_path(plan: GpuPathPlan, progress: Callable[[str], None] | None = None) -
     feeds = []
     for count in plan.gpu_workers:
         rates = [gpu_feed(step, root, count, batch, plan.warm, plan.measured, plan.decoder) for _ in range(plan.reps)]
-        feeds.append({"workers": count, "images_per_s": rates, "median": statistics.median(rates),
-                      "feed_ratio": statistics.median(rates) / step_rate})
+        feeds.append(
+            {
+                "workers": count,
+                "images_per_s": rates,
+                "median": statistics.median(rates),
+                "feed_ratio": statistics.median(rates) / step_rate,
+            }
+        )
     from stoker._vision.device_decode import _DecodeJpegs
 
     backend = _DecodeJpegs(device, plan.decoder, lambda crops: crops)._backend(device)[0]
     return {
-        "files": len(paths), "batch": batch, "decoder": backend, "transforms": w12.transforms_name(),
-        "rows": table_rows, "torch_best_images_per_s": torch_best, "decode": times,
+        "files": len(paths),
+        "batch": batch,
+        "decoder": backend,
+        "transforms": w12.transforms_name(),
+        "rows": table_rows,
+        "torch_best_images_per_s": torch_best,
+        "decode": times,
         "step": {"target_images_per_s": plan.target, "head_repeats": step.repeats, "images_per_s": step_rate},
-        "feeds": feeds, "plan": asdict(plan),
+        "feeds": feeds,
+        "plan": asdict(plan),
     }
 
 
@@ -688,11 +720,7 @@ def unavailable() -> str | None:
         return "torch is not installed (pip install stoker[torch])"
     if not torch.cuda.is_available():
         built = torch.version.cuda
-        why = (
-            "built without CUDA"
-            if built is None
-            else f"built with CUDA {built}, but it finds no usable GPU"
-        )
+        why = "built without CUDA" if built is None else f"built with CUDA {built}, but it finds no usable GPU"
         return f"no CUDA GPU (torch.cuda.is_available() is False: torch {torch.__version__} {why})"
     return None
 

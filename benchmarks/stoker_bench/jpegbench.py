@@ -247,17 +247,26 @@ def run(workers: list[int], reps: int, quick: bool) -> dict[str, Any]:
                 measured.setdefault((loader_name, pipeline, count), []).append(figures)
     rows = []
     for (loader_name, pipeline, count), values in measured.items():
-        rows.append({
-            "loader": loader_name, "pipeline": pipeline, "workers": count, "images": sizes[count],
-            "images_per_s": statistics.median(v[0] for v in values),
-            "cpu_ms_per_image": statistics.median(v[1] for v in values),
-            "mb_per_batch": values[0][2],
-            "all": values,
-        })
+        rows.append(
+            {
+                "loader": loader_name,
+                "pipeline": pipeline,
+                "workers": count,
+                "images": sizes[count],
+                "images_per_s": statistics.median(v[0] for v in values),
+                "cpu_ms_per_image": statistics.median(v[1] for v in values),
+                "mb_per_batch": values[0][2],
+                "all": values,
+            }
+        )
     return {
-        "files": len(paths), "images": max(sizes.values()), "batch": BATCH, "reps": reps,
+        "files": len(paths),
+        "images": max(sizes.values()),
+        "batch": BATCH,
+        "reps": reps,
         "decoder": decoder_name(),
-        "cpus": os.cpu_count(), "rows": rows,
+        "cpus": os.cpu_count(),
+        "rows": rows,
     }
 
 

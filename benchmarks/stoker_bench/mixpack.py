@@ -290,7 +290,9 @@ def grain_model_rows(pieces: np.ndarray, seq_len: int, bins: int, method: str) -
     return out
 
 
-def grain_utilisation(lengths: np.ndarray, seq_len: int, bins: int, method: str, model: bool = False) -> tuple[float, int, float]:
+def grain_utilisation(
+    lengths: np.ndarray, seq_len: int, bins: int, method: str, model: bool = False
+) -> tuple[float, int, float]:
     """Grain's packer (itself, or `grain_model_rows` with `model`) over `lengths` split into
     seq_len pieces, with `bins` packing bins."""
     pieces = pieces_of(lengths, seq_len)
@@ -330,14 +332,21 @@ def utilisation_rows(lengths: np.ndarray, law: str, windows: Sequence[int], real
     out = []
     for seq_len in SEQ_LENS:
         for k in windows:
-            grain = [grain_utilisation(lengths, seq_len, k, m, model=not real_grain)[0] for m in ("best_fit", "first_fit")]
-            out.append({
-                "law": law, "seq_len": seq_len, "K": k,
-                "stoker_best_fit": stoker_utilisation(lengths, seq_len, k, "best_fit", "rows")[0],
-                "stoker_greedy": stoker_utilisation(lengths, seq_len, k, "greedy", "rows")[0],
-                "grain_best_fit": grain[0], "grain_first_fit": grain[1],
-                "stoker_best_fit_documents": stoker_utilisation(lengths, seq_len, k, "best_fit")[0],
-            })
+            grain = [
+                grain_utilisation(lengths, seq_len, k, m, model=not real_grain)[0] for m in ("best_fit", "first_fit")
+            ]
+            out.append(
+                {
+                    "law": law,
+                    "seq_len": seq_len,
+                    "K": k,
+                    "stoker_best_fit": stoker_utilisation(lengths, seq_len, k, "best_fit", "rows")[0],
+                    "stoker_greedy": stoker_utilisation(lengths, seq_len, k, "greedy", "rows")[0],
+                    "grain_best_fit": grain[0],
+                    "grain_first_fit": grain[1],
+                    "stoker_best_fit_documents": stoker_utilisation(lengths, seq_len, k, "best_fit")[0],
+                }
+            )
     return out
 
 
@@ -372,8 +381,9 @@ def stoker_rate(docs: list[list[np.ndarray]], seq_len: int, window: int, workers
 
     mix = MixedDataset([TokenDataset.from_documents(s) for s in docs], list(WEIGHTS), weigh="tokens", seed=0)
     packed = PackedDataset(mix, seq_len=seq_len, window_size=window, rows_per_epoch=rows + BATCH)
-    loader = stoker.DataLoader(packed, batch_size=BATCH, sampler=StreamSampler(packed),
-                               collate_fn=collate_packed, num_workers=workers)
+    loader = stoker.DataLoader(
+        packed, batch_size=BATCH, sampler=StreamSampler(packed), collate_fn=collate_packed, num_workers=workers
+    )
     it = iter(loader)
     next(it)  # start-up (and the workers' start) outside the timing, for both loaders alike
     start = time.perf_counter()
@@ -494,20 +504,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     from . import HOME
 
     parser = argparse.ArgumentParser(prog="benchmarks/mix_bench.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--caps-mb", default=",".join(str(c) for c in CAPS_MB),
-                        help="bytes of files per source, in MB (default %(default)s)")
+    parser.add_argument(
+        "--caps-mb",
+        default=",".join(str(c) for c in CAPS_MB),
+        help="bytes of files per source, in MB (default %(default)s)",
+    )
     parser.add_argument("--windows", default=",".join(str(k) for k in WINDOWS), help="K values (default %(default)s)")
-    parser.add_argument("--passes", type=int, default=4,
-                        help="passes over the corpus packed in the utilisation table (default %(default)s)")
+    parser.add_argument(
+        "--passes",
+        type=int,
+        default=4,
+        help="passes over the corpus packed in the utilisation table (default %(default)s)",
+    )
     parser.add_argument("--rows", type=int, default=4000, help="rows timed per throughput row (default %(default)s)")
-    parser.add_argument("--mix-positions", type=int, default=200_000, help="positions per mix row (default %(default)s)")
-    parser.add_argument("--law-tokens", type=int, default=48_000_000,
-                        help="tokens drawn for each synthetic length law (default %(default)s)")
-    parser.add_argument("--real-grain", action="store_true",
-                        help="run Grain's packers themselves in the utilisation table (slow: about 0.3 ms a piece)")
+    parser.add_argument(
+        "--mix-positions", type=int, default=200_000, help="positions per mix row (default %(default)s)"
+    )
+    parser.add_argument(
+        "--law-tokens",
+        type=int,
+        default=48_000_000,
+        help="tokens drawn for each synthetic length law (default %(default)s)",
+    )
+    parser.add_argument(
+        "--real-grain",
+        action="store_true",
+        help="run Grain's packers themselves in the utilisation table (slow: about 0.3 ms a piece)",
+    )
     parser.add_argument("--quick", action="store_true", help="small caps and counts (a smoke run)")
-    parser.add_argument("--json", default=os.path.join(os.path.dirname(HOME), "build", "mixbench.json"),
-                        help="where the JSON goes (default build/mixbench.json)")
+    parser.add_argument(
+        "--json",
+        default=os.path.join(os.path.dirname(HOME), "build", "mixbench.json"),
+        help="where the JSON goes (default build/mixbench.json)",
+    )
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     caps = [float(x) for x in args.caps_mb.split(",")]
     windows = [int(k) for k in args.windows.split(",")]
@@ -520,8 +549,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     root = Path(sysconfig.get_path("purelib"))
     files = collect(root, caps)
     docs, how = tokenise(files, Path(os.path.dirname(HOME)) / "build" / "mixbench")
-    print(f"corpus: {root} - {', '.join(f'{n}: {len(f)} files' for n, f in zip(SOURCES, files))}; "
-          f"tokeniser {how}; {time.perf_counter() - began:.1f} s")
+    print(
+        f"corpus: {root} - {', '.join(f'{n}: {len(f)} files' for n, f in zip(SOURCES, files))}; "
+        f"tokeniser {how}; {time.perf_counter() - began:.1f} s"
+    )
     for line in length_table(docs):
         print("  " + line)
     report["lengths"] = {n: [len(d) for d in s] for n, s in zip(SOURCES, docs)}
@@ -530,49 +561,68 @@ def main(argv: Sequence[str] | None = None) -> int:
     laws = {"corpus": mixed_lengths(docs, WEIGHTS, total_docs)}
     for law in LAWS[1:]:
         laws[law] = law_lengths(law, law_tokens)
-    print(f"\nlength laws (tokens a document): the corpus is the first {total_docs:,} documents of the token-weighted "
-          f"mix {'/'.join(map(str, WEIGHTS))} ({passes} pass{'es' if passes != 1 else ''}, each source reshuffled per pass); the others are drawn "
-          "(seed 0) up to about as many tokens")
+    print(
+        f"\nlength laws (tokens a document): the corpus is the first {total_docs:,} documents of the token-weighted "
+        f"mix {'/'.join(map(str, WEIGHTS))} ({passes} pass{'es' if passes != 1 else ''}, each source reshuffled per pass); the others are drawn "
+        "(seed 0) up to about as many tokens"
+    )
     print("  law               docs      tokens     mean    p10    p50    p90    p99      max  >2048  >8192")
     for law, n in laws.items():
         p = np.percentile(n, [10, 50, 90, 99]).astype(int)
-        print(f"  {law:<15} {len(n):>6} {int(n.sum()):>11,} {n.mean():>8.0f} {p[0]:>6} {p[1]:>6} {p[2]:>6} {p[3]:>6} "
-              f"{int(n.max()):>8} {100 * (n > 2048).mean():>5.1f}% {100 * (n > 8192).mean():>5.1f}%")
+        print(
+            f"  {law:<15} {len(n):>6} {int(n.sum()):>11,} {n.mean():>8.0f} {p[0]:>6} {p[1]:>6} {p[2]:>6} {p[3]:>6} "
+            f"{int(n.max()):>8} {100 * (n > 2048).mean():>5.1f}% {100 * (n > 8192).mean():>5.1f}%"
+        )
     report["laws"] = {law: {"documents": len(n), "tokens": int(n.sum())} for law, n in laws.items()}
 
     checked = 300 if args.quick else 1500
     if not args.real_grain:
         differ = check_grain_model(laws, checked, min(windows))
         report["grain_model_differs"] = differ
-        print(f"\nGrain's packers modelled: on the first {checked:,} pieces of each law, at seq_len "
-              f"{' and '.join(map(str, SEQ_LENS))} with {min(windows)} bins, the model gives Grain 0.2.18's own rows "
-              + ("exactly (best-fit and first-fit)" if not differ else "NOT: " + "; ".join(differ)))
-    print("\npacking utilisation (real tokens / row tokens) at the same bin count: stoker's windows of K rows "
-          "(window_unit='rows') against Grain's K packing bins (both emit K rows at a time), the same pieces in the same "
-          "order (documents longer than seq_len split into seq_len pieces for every packer); 'K documents': stoker's "
-          "default unit, for reference" + (" (Grain itself)" if args.real_grain else " (Grain: the model checked above)"))
-    print("law             seq_len      K  stoker best_fit  stoker greedy  grain best_fit  grain first_fit  "
-          "vs grain bf | stoker bf, K documents")
+        print(
+            f"\nGrain's packers modelled: on the first {checked:,} pieces of each law, at seq_len "
+            f"{' and '.join(map(str, SEQ_LENS))} with {min(windows)} bins, the model gives Grain 0.2.18's own rows "
+            + ("exactly (best-fit and first-fit)" if not differ else "NOT: " + "; ".join(differ))
+        )
+    print(
+        "\npacking utilisation (real tokens / row tokens) at the same bin count: stoker's windows of K rows "
+        "(window_unit='rows') against Grain's K packing bins (both emit K rows at a time), the same pieces in the same "
+        "order (documents longer than seq_len split into seq_len pieces for every packer); 'K documents': stoker's "
+        "default unit, for reference" + (" (Grain itself)" if args.real_grain else " (Grain: the model checked above)")
+    )
+    print(
+        "law             seq_len      K  stoker best_fit  stoker greedy  grain best_fit  grain first_fit  "
+        "vs grain bf | stoker bf, K documents"
+    )
     util: list[dict[str, Any]] = []
     for law, lengths in laws.items():
         for u in utilisation_rows(lengths, law, windows, args.real_grain):
             util.append(u)
-            print(f"{law:<15} {u['seq_len']:>7} {u['K']:>6}  {_fmt(u['stoker_best_fit'], True):>15}  "
-                  f"{_fmt(u['stoker_greedy'], True):>13}  {_fmt(u['grain_best_fit'], True):>14}  "
-                  f"{_fmt(u['grain_first_fit'], True):>15}  {100 * (u['stoker_best_fit'] - u['grain_best_fit']):>+8.2f} pt"
-                  f" | {_fmt(u['stoker_best_fit_documents'], True):>10}")
+            print(
+                f"{law:<15} {u['seq_len']:>7} {u['K']:>6}  {_fmt(u['stoker_best_fit'], True):>15}  "
+                f"{_fmt(u['stoker_greedy'], True):>13}  {_fmt(u['grain_best_fit'], True):>14}  "
+                f"{_fmt(u['grain_first_fit'], True):>15}  {100 * (u['stoker_best_fit'] - u['grain_best_fit']):>+8.2f} pt"
+                f" | {_fmt(u['stoker_best_fit_documents'], True):>10}"
+            )
     report["utilisation"] = util
     behind = [u for u in util if u["stoker_best_fit"] < u["grain_best_fit"] - 0.005]
     worst = min(util, key=lambda u: u["stoker_best_fit"] - u["grain_best_fit"])
-    print("target: stoker best_fit (K rows) within 0.5 pt of Grain's best-fit at K bins: "
-          + ("met in every row" if not behind else "MISSED at " + ", ".join(
-              f"{u['law']} seq_len {u['seq_len']} K {u['K']}" for u in behind))
-          + f" (closest: {100 * (worst['stoker_best_fit'] - worst['grain_best_fit']):+.2f} pt, {worst['law']}, "
-          f"seq_len {worst['seq_len']}, K {worst['K']})")
+    print(
+        "target: stoker best_fit (K rows) within 0.5 pt of Grain's best-fit at K bins: "
+        + (
+            "met in every row"
+            if not behind
+            else "MISSED at " + ", ".join(f"{u['law']} seq_len {u['seq_len']} K {u['K']}" for u in behind)
+        )
+        + f" (closest: {100 * (worst['stoker_best_fit'] - worst['grain_best_fit']):+.2f} pt, {worst['law']}, "
+        f"seq_len {worst['seq_len']}, K {worst['K']})"
+    )
 
     seq_len, k = 2048, 1024 if 1024 in windows else windows[-1]
-    print(f"\nrow tokens per second (mix -> pack best_fit, seq_len {seq_len}, K {k}, batch {BATCH}, "
-          f"{rows_timed:,} rows; Grain: K bins)")
+    print(
+        f"\nrow tokens per second (mix -> pack best_fit, seq_len {seq_len}, K {k}, batch {BATCH}, "
+        f"{rows_timed:,} rows; Grain: K bins)"
+    )
     rates: dict[str, float | None] = {}
     for name, fn in (
         ("stoker, 0 workers", lambda: stoker_rate(docs, seq_len, k, 0, rows_timed)),
@@ -595,8 +645,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  stoker's best / grain's best: {ratio:.1f}x (target >= 2x: {'met' if ratio >= 2 else 'MISSED'})")
 
     sizes = [len(s) for s in docs]
-    print(f"\nmix deviation: largest |count - {DEVIATION_WINDOW} q| over every {DEVIATION_WINDOW} consecutive "
-          f"documents of the first {positions:,} (weights of documents)")
+    print(
+        f"\nmix deviation: largest |count - {DEVIATION_WINDOW} q| over every {DEVIATION_WINDOW} consecutive "
+        f"documents of the first {positions:,} (weights of documents)"
+    )
     settings: list[tuple[str, Any]] = [
         ("0.5/0.3/0.2", [0.5, 0.3, 0.2]),
         ("1/1/1", [1, 1, 1]),
@@ -608,13 +660,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     for label, weights in settings:
         row: dict[str, float | None] = {}
         if label == "schedule":
-            row["stoker"] = scheduled_deviation(stoker_mix_sources(sizes, weights, positions), weights, DEVIATION_WINDOW)
+            row["stoker"] = scheduled_deviation(
+                stoker_mix_sources(sizes, weights, positions), weights, DEVIATION_WINDOW
+            )
             row["bound"] = max(_bound(w) for _, w in weights)
             row["grain"] = row["torchdata"] = None  # neither takes a schedule of weights
         else:
             row["bound"] = _bound(weights)
-            for name, fn2 in (("stoker", stoker_mix_sources), ("grain", grain_mix_sources),
-                              ("torchdata", torchdata_mix_sources)):
+            for name, fn2 in (
+                ("stoker", stoker_mix_sources),
+                ("grain", grain_mix_sources),
+                ("torchdata", torchdata_mix_sources),
+            ):
                 try:
                     row[name] = deviation(fn2(sizes, weights, positions), weights, DEVIATION_WINDOW)
                 except Exception as exc:  # a baseline that fails says so in its row
@@ -623,7 +680,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         devs[label] = row
         cells = [f"{row[k]:.2f}" if row[k] is not None else "-" for k in ("stoker", "bound", "grain", "torchdata")]
         print(f"  {label:<16} {cells[0]:>8} {cells[1]:>6} {cells[2]:>8} {cells[3]:>10}")
-    within = all(r["stoker"] is not None and r["bound"] is not None and r["stoker"] <= r["bound"] for r in devs.values())
+    within = all(
+        r["stoker"] is not None and r["bound"] is not None and r["stoker"] <= r["bound"] for r in devs.values()
+    )
     print(f"  stoker within the documented bound 1 + q(S'-2) in every row: {'yes' if within else 'NO'}")
     bound = max(float(r["bound"] or 0.0) for r in devs.values())
     report["deviation"] = devs

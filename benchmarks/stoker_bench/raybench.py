@@ -318,8 +318,16 @@ def two_nodes(samples: int) -> dict[str, Any]:
         return {"skipped": "unshare or ip is not installed"}
     out = tempfile.mktemp(prefix="raybench-", suffix=".json")
     command = [
-        *NAMESPACE, "sh", "-c", 'ip link set lo up && exec "$0" "$@"',
-        sys.executable, "-m", "stoker_bench.raybench", "--two-nodes", str(samples), out,
+        *NAMESPACE,
+        "sh",
+        "-c",
+        'ip link set lo up && exec "$0" "$@"',
+        sys.executable,
+        "-m",
+        "stoker_bench.raybench",
+        "--two-nodes",
+        str(samples),
+        out,
     ]
     # the harness need not be installed: its folder goes on the fresh interpreter's PYTHONPATH
     # (and so on that of the Ray cluster it starts, whose workers unpickle the dataset)
@@ -396,8 +404,7 @@ def table(report: dict[str, Any]) -> str:
     )
     tasks = ", ".join(f"{k}: {v:,.0f}" for k, v in one["read_tasks"].items())
     lines.append(
-        f"  stoker.ray epoch samples/s by number of read tasks ({tasks}); the default here: "
-        f"{one['default_read_tasks']}"
+        f"  stoker.ray epoch samples/s by number of read tasks ({tasks}); the default here: {one['default_read_tasks']}"
     )
     two = report["two_nodes"]
     if "skipped" in two:

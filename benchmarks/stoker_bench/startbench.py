@@ -98,7 +98,9 @@ def start_once(loader: str, method: str, workers: int) -> tuple[float, float]:
     module = _module(loader)
     context = multiprocessing.get_context(method)
     data = module.DataLoader(
-        SmallDicts(SMALL_BATCH * workers * 4), batch_size=SMALL_BATCH, num_workers=workers,
+        SmallDicts(SMALL_BATCH * workers * 4),
+        batch_size=SMALL_BATCH,
+        num_workers=workers,
         multiprocessing_context=context,
     )
     gc.collect()
@@ -135,7 +137,9 @@ def startup(workers: list[int], methods: list[str], reps: int) -> dict[str, Any]
                         measured.setdefault((method, count, loader), []).append(start_once(loader, method, count))
     rows: list[dict[str, Any]] = [
         {
-            "method": method, "workers": count, "loader": loader,
+            "method": method,
+            "workers": count,
+            "loader": loader,
             "iter_ms": statistics.median(v[0] for v in values),
             "first_batch_ms": statistics.median(v[1] for v in values),
             "all": values,
@@ -145,13 +149,21 @@ def startup(workers: list[int], methods: list[str], reps: int) -> dict[str, Any]
     fits = []
     for method in methods:
         for loader in LOADERS:
-            points = [(r["workers"], r["first_batch_ms"]) for r in rows if r["method"] == method and r["loader"] == loader]
+            points = [
+                (r["workers"], r["first_batch_ms"]) for r in rows if r["method"] == method and r["loader"] == loader
+            ]
             if len({x for x, _ in points}) >= 2:
                 intercept, slope = fit(points)
-                fits.append({
-                    "method": method, "loader": loader, "intercept_ms": intercept, "ms_per_worker": slope,
-                    "at_14_ms": intercept + 14 * slope, "at_64_ms": intercept + 64 * slope,
-                })
+                fits.append(
+                    {
+                        "method": method,
+                        "loader": loader,
+                        "intercept_ms": intercept,
+                        "ms_per_worker": slope,
+                        "at_14_ms": intercept + 14 * slope,
+                        "at_64_ms": intercept + 64 * slope,
+                    }
+                )
     return {"reps": reps, "cpus": os.cpu_count(), "rows": rows, "fits": fits}
 
 
@@ -186,7 +198,8 @@ def small(workers: list[int], reps: int, samples: int) -> dict[str, Any]:
                 measured.setdefault((count, loader), []).append(small_epoch(loader, count, samples))
     rows: list[dict[str, Any]] = [
         {
-            "workers": count, "loader": loader,
+            "workers": count,
+            "loader": loader,
             "samples_per_s": statistics.median(v[0] for v in values),
             "main_us_per_batch": statistics.median(v[1] for v in values),
             "all": values,
@@ -204,7 +217,9 @@ def table(start: dict[str, Any], many: dict[str, Any]) -> str:
         f"{'method':<12}{'workers':>8}{'torch iter':>12}{'stoker':>9}{'torch 1st':>11}{'stoker':>9}{'vs torch':>10}",
     ]
     by = {(r["method"], r["workers"], r["loader"]): r for r in start["rows"]}
-    for method, count in sorted({(r["method"], r["workers"]) for r in start["rows"]}, key=lambda k: (METHODS.index(k[0]), k[1])):
+    for method, count in sorted(
+        {(r["method"], r["workers"]) for r in start["rows"]}, key=lambda k: (METHODS.index(k[0]), k[1])
+    ):
         theirs, ours = by[(method, count, "torch")], by[(method, count, "stoker.torch")]
         lines.append(
             f"{method:<12}{count:>8}{theirs['iter_ms']:>12.1f}{ours['iter_ms']:>9.1f}"

@@ -291,8 +291,14 @@ def write_litdata(items: Sequence[tuple[str, int]], out: str, shard_bytes: int) 
     import litdata  # type: ignore[import-untyped]
 
     litdata.optimize(
-        fn=_litdata_item, inputs=list(items), output_dir=out, chunk_bytes=shard_bytes,
-        num_workers=1, mode="overwrite", start_method="fork", verbose=False,
+        fn=_litdata_item,
+        inputs=list(items),
+        output_dir=out,
+        chunk_bytes=shard_bytes,
+        num_workers=1,
+        mode="overwrite",
+        start_method="fork",
+        verbose=False,
     )
 
 
@@ -453,7 +459,8 @@ class CacheWatch:
 
 def _s3_options(endpoint: str) -> dict[str, Any]:
     return {
-        "key": "testing", "secret": "testing",
+        "key": "testing",
+        "secret": "testing",
         "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
     }
 
@@ -482,11 +489,19 @@ def _build_litdata(cfg: dict[str, Any]) -> Callable[[int], Iterable[Any]]:
     # allow_http (and so override AWS_ALLOW_HTTP): the test server speaks plain http
     downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS, "allow_http": "true"}
     fn = pair_fn(cfg["mode"])
-    options = {"endpoint_url": cfg["endpoint"], "aws_access_key_id": "testing",
-               "aws_secret_access_key": "testing", "region_name": "us-east-1"}
+    options = {
+        "endpoint_url": cfg["endpoint"],
+        "aws_access_key_id": "testing",
+        "aws_secret_access_key": "testing",
+        "region_name": "us-east-1",
+    }
     data = StreamingDataset(
-        input_dir=cfg["url"], cache_dir=cfg["cache_dir"], shuffle=True, seed=0,
-        storage_options=options, transform=functools.partial(from_dict, fn),
+        input_dir=cfg["url"],
+        cache_dir=cfg["cache_dir"],
+        shuffle=True,
+        seed=0,
+        storage_options=options,
+        transform=functools.partial(from_dict, fn),
     )
     loader = StreamingDataLoader(data, batch_size=BATCH, num_workers=WORKERS)
     return lambda e: loader
@@ -498,11 +513,13 @@ def _build_mosaic(cfg: dict[str, Any]) -> Callable[[int], Iterable[Any]]:
     StreamingDataset = _import_streaming().StreamingDataset
     fn = pair_fn(cfg["mode"])
     data = StreamingDataset(
-        remote=cfg["url"], local=cfg["cache_dir"], shuffle=True, shuffle_seed=0, batch_size=BATCH,
+        remote=cfg["url"],
+        local=cfg["cache_dir"],
+        shuffle=True,
+        shuffle_seed=0,
+        batch_size=BATCH,
     )
-    loader = DataLoader(
-        data, batch_size=BATCH, num_workers=WORKERS, collate_fn=functools.partial(collate_pairs, fn)
-    )
+    loader = DataLoader(data, batch_size=BATCH, num_workers=WORKERS, collate_fn=functools.partial(collate_pairs, fn))
     return lambda e: loader
 
 
@@ -538,7 +555,10 @@ def _build_hf(cfg: dict[str, Any]) -> Callable[[int], Iterable[Any]]:
     fn = pair_fn(cfg["mode"])
     urls = [f"{cfg['url']}/{name}" for name in cfg["objects"] if name.endswith(".parquet")]
     data = load_dataset(
-        "parquet", data_files=urls, split="train", streaming=True,
+        "parquet",
+        data_files=urls,
+        split="train",
+        streaming=True,
         storage_options=_s3_options(cfg["endpoint"]),
     )
     data = data.shuffle(seed=0, buffer_size=SHUFFLE_BUFFER)
@@ -568,8 +588,11 @@ IMPORTS = {
     "hf-datasets": ("datasets", "s3fs", "torch.utils.data"),
 }
 VERSION_OF = {
-    "stoker": "stoker", "litdata": "litdata", "mosaic": "streaming",
-    "webdataset": "webdataset", "hf-datasets": "datasets",
+    "stoker": "stoker",
+    "litdata": "litdata",
+    "mosaic": "streaming",
+    "webdataset": "webdataset",
+    "hf-datasets": "datasets",
 }
 
 
@@ -637,13 +660,15 @@ def child(cfg: dict[str, Any]) -> dict[str, Any]:
         gc.collect()  # joins torch's workers (its iterator's __del__) so getrusage counts them
         if first_batch_s is None and first is not None:
             first_batch_s = first - t0
-        epochs.append({
-            "samples": samples,
-            "seconds": ended - started,
-            "first_batch_s": None if first is None else first - started,
-            "cpu_s": _tree_cpu_s() - cpu,
-            "payload_bytes": payload,
-        })
+        epochs.append(
+            {
+                "samples": samples,
+                "seconds": ended - started,
+                "first_batch_s": None if first is None else first - started,
+                "cpu_s": _tree_cpu_s() - cpu,
+                "payload_bytes": payload,
+            }
+        )
         sys.stdout.write(f"\n{MARKER} {e + 1}\n")
         sys.stdout.flush()
         sys.stdin.readline()
@@ -680,8 +705,11 @@ def machine() -> dict[str, Any]:
         pass
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {
-        "cpus": os.cpu_count(), "usable_cpus": usable, "cpu_model": model,
-        "python": platform.python_version(), "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "usable_cpus": usable,
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
     }
 
 
@@ -705,9 +733,7 @@ def mosaic_python(python: str | None, setup: bool) -> tuple[str | None, str | No
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "envs", "mosaic.sh")
     venv = os.path.dirname(os.path.dirname(python))
     try:
-        done = subprocess.run(
-            ["bash", script, venv], capture_output=True, text=True, timeout=900, check=False
-        )
+        done = subprocess.run(["bash", script, venv], capture_output=True, text=True, timeout=900, check=False)
     except subprocess.TimeoutExpired:
         return None, f"{script} did not finish in 900 s"
     if done.returncode != 0 or not os.access(python, os.X_OK):
@@ -741,7 +767,10 @@ def _in_subprocess(python: str, args: list[str], env: dict[str, str], timeout_s:
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(
             [python, "-c", _ENTRY, *args],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
             start_new_session=True,
         )
         try:
@@ -766,8 +795,14 @@ def _kill_group(process: subprocess.Popen[Any]) -> None:
 
 
 def write_and_upload(
-    library: str, items: Sequence[tuple[str, int]], server: Any, bucket: str, workdir: str,
-    shard_bytes: int, python: str | None, timeout_s: float,
+    library: str,
+    items: Sequence[tuple[str, int]],
+    server: Any,
+    bucket: str,
+    workdir: str,
+    shard_bytes: int,
+    python: str | None,
+    timeout_s: float,
 ) -> tuple[list[str], int, float]:
     """Write the samples in `library`'s format into a local folder with its own writer, then
     put every file into `bucket` on `server` (directly, not through the proxy).
@@ -797,10 +832,7 @@ def write_and_upload(
             json.dump({"library": library, "items": list(items), "out": out, "shard_bytes": shard_bytes}, file)
         _in_subprocess(python, ["--write", spec], _child_env("http://127.0.0.1:1", workdir), timeout_s)
     seconds = time.perf_counter() - started
-    names = sorted(
-        os.path.relpath(os.path.join(root, name), out)
-        for root, _, files in os.walk(out) for name in files
-    )
+    names = sorted(os.path.relpath(os.path.join(root, name), out) for root, _, files in os.walk(out) for name in files)
     server.make_bucket(bucket)
     with ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda name: server.put_object(bucket, name, _read(os.path.join(out, name))), names))
@@ -816,8 +848,15 @@ def _read_lines(stream: IO[bytes], lines: queue.Queue[str | None]) -> None:
 
 
 def measure(
-    library: str, mode: str, url: str, objects: list[str], samples: int, proxy: Any,
-    python: str, workdir: str, timeout_s: float,
+    library: str,
+    mode: str,
+    url: str,
+    objects: list[str],
+    samples: int,
+    proxy: Any,
+    python: str,
+    workdir: str,
+    timeout_s: float,
 ) -> dict[str, Any]:
     """One row: a fresh child process reads two epochs of `library`'s copy through the proxy.
 
@@ -840,8 +879,14 @@ def measure(
     spec = os.path.join(workdir, f"row-{library}-{mode}.json")
     result_path = spec + ".out"
     cfg = {
-        "library": library, "mode": mode, "url": url, "endpoint": proxy.endpoint,
-        "cache_dir": cache_dir, "objects": objects, "samples": samples, "result": result_path,
+        "library": library,
+        "mode": mode,
+        "url": url,
+        "endpoint": proxy.endpoint,
+        "cache_dir": cache_dir,
+        "objects": objects,
+        "samples": samples,
+        "result": result_path,
     }
     with open(spec, "w") as file:
         json.dump(cfg, file)
@@ -850,8 +895,12 @@ def measure(
     counters = [(proxy.requests, proxy.bytes_sent)]
     process = subprocess.Popen(
         [python, "-c", _ENTRY, "--child", spec],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        env=_child_env(proxy.endpoint, cache_dir), cwd=workdir, start_new_session=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=_child_env(proxy.endpoint, cache_dir),
+        cwd=workdir,
+        start_new_session=True,
     )
     assert process.stdout is not None and process.stdin is not None
     reader = threading.Thread(target=_read_lines, args=(process.stdout, lines), daemon=True)
@@ -912,7 +961,8 @@ def summarize(row: dict[str, Any], samples: int, dataset_bytes: int) -> dict[str
     e1, e2 = row["epochs"]
     notes = [
         f"epoch {k + 1} saw {e['samples']} samples of {samples}"
-        for k, e in enumerate((e1, e2)) if e["samples"] != samples
+        for k, e in enumerate((e1, e2))
+        if e["samples"] != samples
     ]
     seen = e1["samples"] + e2["samples"]
     return {
@@ -991,7 +1041,9 @@ def table(report: dict[str, Any]) -> str:
     for row in report["rows"]:
         cells = [_cell(row.get(key), key) for key, _, _ in COLUMNS]
         note = row.get("error") or row.get("note") or ""
-        lines.append(f"| {row['library']} {row.get('version') or ''} | {row['mode']} | " + " | ".join(cells) + f" | {note} |")
+        lines.append(
+            f"| {row['library']} {row.get('version') or ''} | {row['mode']} | " + " | ".join(cells) + f" | {note} |"
+        )
     lines += ["", "stoker / best other library (higher is better for samples/s, lower for the rest):", ""]
     lines += ["| row | " + " | ".join(h for _, h, _ in COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
     for mode, columns in report["ratios"].items():
@@ -1096,23 +1148,35 @@ def run(
                         library, mode, f"s3://{bucket}", objects, len(items), proxy, python, workdir, row_timeout_s
                     )
                     row = {
-                        "library": library, "mode": mode, "version": raw.get("version"),
-                        "dataset_bytes": dataset_bytes, "objects": len(objects), "write_s": write_s,
-                        **summarize(raw, len(items), dataset_bytes), "raw": raw,
+                        "library": library,
+                        "mode": mode,
+                        "version": raw.get("version"),
+                        "dataset_bytes": dataset_bytes,
+                        "objects": len(objects),
+                        "write_s": write_s,
+                        **summarize(raw, len(items), dataset_bytes),
+                        "raw": raw,
                     }
                     if "error" in raw:
                         row["error"] = raw["error"]
                     rows.append(row)
-                    say(f"{library} {mode}: " + (row.get("error") or ", ".join(
-                        f"{h} {_cell(row[k], k)}" for k, h, _ in COLUMNS)))
+                    say(
+                        f"{library} {mode}: "
+                        + (row.get("error") or ", ".join(f"{h} {_cell(row[k], k)}" for k, h, _ in COLUMNS))
+                    )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return {
         "machine": machine(),
         "settings": {
-            "workers": WORKERS, "batch": BATCH, "shard_bytes": shard_bytes,
-            "first_byte_s": first_byte_s, "bandwidth": bandwidth, "shuffle_buffer": SHUFFLE_BUFFER,
-            "libraries": list(libraries), "modes": list(modes),
+            "workers": WORKERS,
+            "batch": BATCH,
+            "shard_bytes": shard_bytes,
+            "first_byte_s": first_byte_s,
+            "bandwidth": bandwidth,
+            "shuffle_buffer": SHUFFLE_BUFFER,
+            "libraries": list(libraries),
+            "modes": list(modes),
         },
         "command": command,
         "samples": len(items),
@@ -1188,14 +1252,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--libraries", default=",".join(LIBRARIES), help="comma-separated (default all)")
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated: io, decode (default both)")
     parser.add_argument("--first-byte-s", type=float, default=FIRST_BYTE_S, help="proxy's first-byte delay")
-    parser.add_argument("--bandwidth-mb", type=float, default=BANDWIDTH / 1e6,
-                        help="proxy's cap per connection in MB/s; 0 for none (default 50)")
-    parser.add_argument("--shard-mb", type=float, default=None, help="shard size in MiB (default 64, less for small runs)")
-    parser.add_argument("--row-timeout-s", type=float, default=ROW_TIMEOUT_S, help="a row's process is killed after this")
+    parser.add_argument(
+        "--bandwidth-mb",
+        type=float,
+        default=BANDWIDTH / 1e6,
+        help="proxy's cap per connection in MB/s; 0 for none (default 50)",
+    )
+    parser.add_argument(
+        "--shard-mb", type=float, default=None, help="shard size in MiB (default 64, less for small runs)"
+    )
+    parser.add_argument(
+        "--row-timeout-s", type=float, default=ROW_TIMEOUT_S, help="a row's process is killed after this"
+    )
     parser.add_argument("--mosaic-python", default=None, help="the python of mosaic's environment")
     parser.add_argument("--no-mosaic-setup", action="store_true", help="do not make mosaic's environment")
-    parser.add_argument("--json", default=os.path.join(os.path.dirname(HOME), "build", "streaming.json"),
-                        help="where the JSON goes (default build/streaming.json)")
+    parser.add_argument(
+        "--json",
+        default=os.path.join(os.path.dirname(HOME), "build", "streaming.json"),
+        help="where the JSON goes (default build/streaming.json)",
+    )
     args = parser.parse_args(args_list)
     report = run(
         samples=args.samples,

@@ -224,7 +224,7 @@ def _stat(pid: int) -> tuple[int, int, int, int, int] | None:
             text = file.read()
     except OSError:
         return None
-    fields = text[text.rindex(")") + 2:].split()  # after the command's name, which may hold spaces
+    fields = text[text.rindex(")") + 2 :].split()  # after the command's name, which may hold spaces
     return int(fields[1]), int(fields[7]), int(fields[9]), int(fields[11]), int(fields[12])
 
 
@@ -270,8 +270,12 @@ def epoch(pipeline: Pipeline, loader_name: str, root: str, workers: int, samples
     with warnings.catch_warnings():  # more workers than cores is on purpose here
         warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
         loader = module.DataLoader(
-            pipeline.dataset(root, samples), batch_size=batch, shuffle=True, num_workers=workers,
-            **options, **pipeline.options,
+            pipeline.dataset(root, samples),
+            batch_size=batch,
+            shuffle=True,
+            num_workers=workers,
+            **options,
+            **pipeline.options,
         )
     gc.collect()
     before = children()
@@ -305,12 +309,15 @@ def epoch(pipeline: Pipeline, loader_name: str, root: str, workers: int, samples
         "images": images,
         "batches": len(sizes),
         "epoch_images_per_s": images / (arrivals[-1] - started),
-        "middle_images_per_s": (sum(sizes[first + 1:last + 1]) / (arrivals[last] - arrivals[first]))
-        if last > first else None,
+        "middle_images_per_s": (sum(sizes[first + 1 : last + 1]) / (arrivals[last] - arrivals[first]))
+        if last > first
+        else None,
         "first_batch_s": arrivals[0] - started,
         "batch_mb": batch_mb,
         "main_cpu_ms_per_image": 1000 * main_cpu / images,
-        "worker_processes": None, "worker_user_ms_per_image": None, "worker_sys_ms_per_image": None,
+        "worker_processes": None,
+        "worker_user_ms_per_image": None,
+        "worker_sys_ms_per_image": None,
         "worker_faults_per_image": None,
     }
     if workers_seen and workers:  # None or {}: no /proc, or no worker process found
@@ -323,8 +330,13 @@ def epoch(pipeline: Pipeline, loader_name: str, root: str, workers: int, samples
 
 
 FIGURES = (
-    "epoch_images_per_s", "middle_images_per_s", "first_batch_s", "worker_user_ms_per_image",
-    "worker_sys_ms_per_image", "worker_faults_per_image", "main_cpu_ms_per_image",
+    "epoch_images_per_s",
+    "middle_images_per_s",
+    "first_batch_s",
+    "worker_user_ms_per_image",
+    "worker_sys_ms_per_image",
+    "worker_faults_per_image",
+    "main_cpu_ms_per_image",
 )
 
 
@@ -374,22 +386,39 @@ def run(
                     figures = epoch(pipeline, loader_name, root, count, samples[count], batch)
                     measured.setdefault((pipeline.name, loader_name, count), []).append(figures)
                     if progress:
-                        print(f"W12 {pipeline.name} {loader_name} workers={count} repetition {rep + 1}: "
-                              f"{figures['epoch_images_per_s']:,.0f} images/s", file=sys.stderr, flush=True)
+                        print(
+                            f"W12 {pipeline.name} {loader_name} workers={count} repetition {rep + 1}: "
+                            f"{figures['epoch_images_per_s']:,.0f} images/s",
+                            file=sys.stderr,
+                            flush=True,
+                        )
     rows = []
     for (name, loader_name, count), values in measured.items():
-        row: dict[str, Any] = {"pipeline": name, "loader": loader_name, "workers": count,
-                               "samples": samples[count], "reps": len(values)}
+        row: dict[str, Any] = {
+            "pipeline": name,
+            "loader": loader_name,
+            "workers": count,
+            "samples": samples[count],
+            "reps": len(values),
+        }
         row.update({key: _median([v[key] for v in values]) for key in FIGURES})
         row["worker_processes"] = values[0]["worker_processes"]
         row["batch_mb"] = values[0]["batch_mb"]
         row["all"] = values
         rows.append(row)
     return {
-        "workload": "W12", "files": len(paths), "root": root, "batch": batch, "prefetch_factor": PREFETCH,
-        "reps": reps, "cpus": cpus, "transforms": transforms_name(),
-        "pipelines": {p.name: {"describe": p.describe, "loaders": list(p.loaders), "baseline": p.baseline or p.name}
-                      for p in chosen},
+        "workload": "W12",
+        "files": len(paths),
+        "root": root,
+        "batch": batch,
+        "prefetch_factor": PREFETCH,
+        "reps": reps,
+        "cpus": cpus,
+        "transforms": transforms_name(),
+        "pipelines": {
+            p.name: {"describe": p.describe, "loaders": list(p.loaders), "baseline": p.baseline or p.name}
+            for p in chosen
+        },
         "rows": rows,
     }
 
@@ -417,13 +446,20 @@ def table(report: dict[str, Any]) -> str:
         f"{'main ms':>9}",
     ]
     keyed = {(r["pipeline"], r["loader"], r["workers"]): r for r in report["rows"]}
-    for row in sorted(report["rows"], key=lambda r: (r["workers"], order.index(r["pipeline"]),
-                                                     loaders.index(r["loader"]))):
+    for row in sorted(
+        report["rows"], key=lambda r: (r["workers"], order.index(r["pipeline"]), loaders.index(r["loader"]))
+    ):
         base = keyed.get((report["pipelines"][row["pipeline"]]["baseline"], "torch", row["workers"]), {})
-        cpu = (None if row["worker_user_ms_per_image"] is None
-               else row["worker_user_ms_per_image"] + row["worker_sys_ms_per_image"])
-        base_cpu = (None if base.get("worker_user_ms_per_image") is None
-                    else base["worker_user_ms_per_image"] + base["worker_sys_ms_per_image"])
+        cpu = (
+            None
+            if row["worker_user_ms_per_image"] is None
+            else row["worker_user_ms_per_image"] + row["worker_sys_ms_per_image"]
+        )
+        base_cpu = (
+            None
+            if base.get("worker_user_ms_per_image") is None
+            else base["worker_user_ms_per_image"] + base["worker_sys_ms_per_image"]
+        )
         lines.append(
             f"{row['pipeline']:<9}{row['workers']:>7}  {row['loader']:<13}{row['samples']:>8}{row['reps']:>5}"
             f"{row['epoch_images_per_s']:>9,.0f}{_ratio(row['epoch_images_per_s'], base.get('epoch_images_per_s')):>7}"

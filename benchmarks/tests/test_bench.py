@@ -159,8 +159,7 @@ def test_w7_targets_at_each_worker_count_and_batch_size_cost() -> None:
     # the table shows the column and both variants
     report = {
         "results": [
-            asdict(r) | {"median": r.median, "gbps": r.gbps(), "main_us_per_batch": r.main_us_per_batch}
-            for r in rows
+            asdict(r) | {"median": r.median, "gbps": r.gbps(), "main_us_per_batch": r.main_us_per_batch} for r in rows
         ],
         "w3_scaling": [],
         "targets": list(found.values()),
@@ -187,9 +186,7 @@ def test_pair_overhead_is_the_median_of_the_per_pair_ratios() -> None:
 
 
 @pytest.mark.parametrize(("pairs", "reps", "per_rep"), [(5, 3, 2), (5, 1, 5), (5, 5, 1), (5, 10, 1), (2, 1, 2)])
-def test_pairs_per_rep_gives_at_least_the_pairs_asked_in_every_repetition(
-    pairs: int, reps: int, per_rep: int
-) -> None:
+def test_pairs_per_rep_gives_at_least_the_pairs_asked_in_every_repetition(pairs: int, reps: int, per_rep: int) -> None:
     assert bench.pairs_per_rep(bench.Sizes(stats_pairs=pairs), reps) == per_rep
     assert bench.Sizes().stats_pairs >= 15 and bench.Sizes.quick().stats_pairs == 2
 
@@ -250,8 +247,7 @@ def _synthetic_rows() -> list[bench.Result]:
 def _report(rows: list[bench.Result]) -> dict:
     return {
         "results": [
-            asdict(r) | {"median": r.median, "gbps": r.gbps(), "main_us_per_batch": r.main_us_per_batch}
-            for r in rows
+            asdict(r) | {"median": r.median, "gbps": r.gbps(), "main_us_per_batch": r.main_us_per_batch} for r in rows
         ],
         "w3_scaling": bench.w3_scaling(rows),
         "stats_overhead": bench.stats_overhead(rows),
@@ -282,7 +278,11 @@ def test_stats_overhead_and_auto_figures_and_targets() -> None:
     assert w0["met"] and w0["value"] == pytest.approx(0.005) and "(target < 2%)" in w0["shown"]
     assert not w2["met"] and "+5.0% (median of 3 pairs" in w2["shown"]
     w1_auto, w3_auto = found["W1 auto vs best hand-picked (stoker)"], found["W3 auto vs best hand-picked (stoker)"]
-    assert w1_auto["met"] and "0.94x of the best hand-picked epoch next to it (median of 1 blocks)" in w1_auto["shown"] and "(target >= 0.85x)" in w1_auto["shown"]
+    assert (
+        w1_auto["met"]
+        and "0.94x of the best hand-picked epoch next to it (median of 1 blocks)" in w1_auto["shown"]
+        and "(target >= 0.85x)" in w1_auto["shown"]
+    )
     assert not w3_auto["met"] and w3_auto["value"] == pytest.approx(10 / 18)
     report = _report(rows)
     json.dumps(report)  # JSON-ready

@@ -14,8 +14,18 @@ from stoker_bench.cli import main
 def test_bench_quick_writes_table_json_and_chart(tmp_path, capsys) -> None:
     out_json, out_png = tmp_path / "b.json", tmp_path / "b.png"
     code = main(
-        ["--quick", "--workloads", "W1,W4", "--workers", "0,1", "--no-torch",
-         "--json", str(out_json), "--png", str(out_png)]
+        [
+            "--quick",
+            "--workloads",
+            "W1,W4",
+            "--workers",
+            "0,1",
+            "--no-torch",
+            "--json",
+            str(out_json),
+            "--png",
+            str(out_png),
+        ]
     )
     assert code == 0
     printed = capsys.readouterr().out
@@ -80,9 +90,23 @@ def test_run_py_runs_the_harness_from_a_clone(tmp_path) -> None:
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, PYTHONPATH=str(root / "src"))
     done = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "run.py"), "--quick", "--workloads", "W1", "--workers", "0",
-         "--no-torch", "--out-dir", str(tmp_path)],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=110,
+        [
+            sys.executable,
+            str(root / "benchmarks" / "run.py"),
+            "--quick",
+            "--workloads",
+            "W1",
+            "--workers",
+            "0",
+            "--no-torch",
+            "--out-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=110,
     )
     assert done.returncode == 0, done.stderr
     assert "W1" in done.stdout and (tmp_path / "bench.json").exists()

@@ -39,8 +39,16 @@ def test_gpu_bad_workers_are_refused(capsys) -> None:
 def test_measuring_code_on_the_cpu(tmp_path) -> None:
     pytest.importorskip("torch")
     plan = gpubench.Plan(
-        workers=(0,), reps=2, batch_size=4, warm=1, measured=2, sources=8,
-        head_width=16, head_repeats=2, pins=(False,), device="cpu",
+        workers=(0,),
+        reps=2,
+        batch_size=4,
+        warm=1,
+        measured=2,
+        sources=8,
+        head_width=16,
+        head_repeats=2,
+        pins=(False,),
+        device="cpu",
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -71,8 +79,17 @@ def test_the_gpu_path_benchmark_runs_on_the_cpu() -> None:
     pytest.importorskip("torch")
     pytest.importorskip("PIL")
     plan = gpubench.GpuPathPlan(
-        gpu_workers=(1,), torch_workers=(1,), reps=1, quick=True, warm=1, measured=2, decode_batches=2,
-        device="cpu", head_width=16, step_warm=0, step_measured=1,
+        gpu_workers=(1,),
+        torch_workers=(1,),
+        reps=1,
+        quick=True,
+        warm=1,
+        measured=2,
+        decode_batches=2,
+        device="cpu",
+        head_width=16,
+        step_warm=0,
+        step_measured=1,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's warning about more workers than it suggests

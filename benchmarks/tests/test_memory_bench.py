@@ -29,7 +29,9 @@ def test_quick_run_reports_every_figure(tmp_path: Path, capsys: pytest.CaptureFi
 
     assert report["quick"] is True and report["objects"] == 2 * report["n"] == 200_000
     build = report["build"]
-    assert all(build[k] > 0 for k in ("paths_s", "paths_list_mb", "labels_list_mb", "paths_shared_mb", "labels_shared_mb"))
+    assert all(
+        build[k] > 0 for k in ("paths_s", "paths_list_mb", "labels_list_mb", "paths_shared_mb", "labels_shared_mb")
+    )
     assert build["paths_shared_mb"] < build["paths_list_mb"]
     for name in ("paths", "labels"):
         access = report["access"][name]
@@ -38,7 +40,9 @@ def test_quick_run_reports_every_figure(tmp_path: Path, capsys: pytest.CaptureFi
     runs = report["runs"]
     assert len(runs) == 6 and {r["num_workers"] for r in runs} == {2, 4}
     assert {r["loader"] for r in runs} == {
-        "torch DataLoader, lists", "stoker.torch DataLoader, lists", "stoker DataLoader, SharedList"
+        "torch DataLoader, lists",
+        "stoker.torch DataLoader, lists",
+        "stoker DataLoader, SharedList",
     }
     for r in runs:
         assert r["items"] == report["n"] and r["epoch_s"] > 0

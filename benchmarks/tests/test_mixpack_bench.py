@@ -105,13 +105,24 @@ def test_quick_run_prints_every_table(tmp_path: Path, capsys: pytest.CaptureFixt
     out = tmp_path / "mix.json"
     assert mixpack.main(["--quick", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    for needle in ("corpus:", "length laws", "packing utilisation", "within 0.5 pt", "row tokens per second",
-                   "mix deviation", "documented bound"):
+    for needle in (
+        "corpus:",
+        "length laws",
+        "packing utilisation",
+        "within 0.5 pt",
+        "row tokens per second",
+        "mix deviation",
+        "documented bound",
+    ):
         assert needle in text
     report = json.loads(out.read_text())
     assert len(report["utilisation"]) == 4 * 2 * 2  # laws x seq_lens x the quick run's two K
     assert {u["law"] for u in report["utilisation"]} == set(mixpack.LAWS)
     assert report["grain_model_differs"] == [] and report["deviation_within_bound"] is True
     assert report["deviation"]["1/1/1"]["stoker"] <= 4 / 3 and report["deviation"]["schedule"]["grain"] is None
-    assert set(report["tokens_per_s"]) == {"stoker, 0 workers", "stoker, 2 workers", "grain, 1 thread",
-                                           "grain, 2 worker processes"}
+    assert set(report["tokens_per_s"]) == {
+        "stoker, 0 workers",
+        "stoker, 2 workers",
+        "grain, 1 thread",
+        "grain, 2 worker processes",
+    }

@@ -21,8 +21,11 @@ def report(two_nodes):
                 "stoker.ray": [1000.0, 1100.0, 900.0],
                 "torch.utils.data (2 workers)": [2000.0, 2000.0, 1800.0],
             },
-            "first_batch_s": {"stoker (2 workers)": [0.1] * 3, "stoker.ray": [0.9] * 3,
-                              "torch.utils.data (2 workers)": [0.2] * 3},
+            "first_batch_s": {
+                "stoker (2 workers)": [0.1] * 3,
+                "stoker.ray": [0.9] * 3,
+                "torch.utils.data (2 workers)": [0.2] * 3,
+            },
             "ray_init_s": 3.5,
             "ray_first_batch_with_init_s": 5.25,
             "ray_cold_epoch_s": 6.5,
@@ -35,9 +38,19 @@ def report(two_nodes):
 
 
 def test_table_gives_rates_ratios_start_up_and_memory():
-    text = raybench.table(report({"cluster_start_s": 9.0, "samples": 2560, "wall_s": 2.0, "samples_per_s": 1280.0,
-                                  "rank_rates": [700.0, 650.0], "rank_first_batch_s": [1.0, 1.1],
-                                  "cold_first_batch_s": [4.0, 4.5]}))
+    text = raybench.table(
+        report(
+            {
+                "cluster_start_s": 9.0,
+                "samples": 2560,
+                "wall_s": 2.0,
+                "samples_per_s": 1280.0,
+                "rank_rates": [700.0, 650.0],
+                "rank_first_batch_s": [1.0, 1.1],
+                "cold_first_batch_s": [4.0, 4.5],
+            }
+        )
+    )
     lines = text.splitlines()
     ray_row = next(line for line in lines if line.strip().startswith("stoker.ray "))
     assert "1,000 (900-1,100)" in ray_row and "0.50x" in ray_row  # the epoch's rate

@@ -44,19 +44,24 @@ def test_a_tiny_run_gives_a_well_formed_row_per_library_and_mode():
     except ImportError as error:
         pytest.skip(f"the stoker rows cannot run yet: stoker.shards does not import ({error})")
     report = streambench.run(
-        samples=64, libraries=("stoker", "webdataset"), first_byte_s=0.0, bandwidth=None,
+        samples=64,
+        libraries=("stoker", "webdataset"),
+        first_byte_s=0.0,
+        bandwidth=None,
         row_timeout_s=60,
     )
     json.dumps(report)  # what the script writes to build/streaming.json
     rows = {(row["library"], row["mode"]): row for row in report["rows"]}
-    assert sorted(rows) == [
-        ("stoker", "decode"), ("stoker", "io"), ("webdataset", "decode"), ("webdataset", "io")
-    ]
+    assert sorted(rows) == [("stoker", "decode"), ("stoker", "io"), ("webdataset", "decode"), ("webdataset", "io")]
     for (library, mode), row in rows.items():
         assert "error" not in row, f"{library} {mode}: {row['error']}"
         assert row["note"] == "", f"{library} {mode}: {row['note']}"
         for key, _, _ in streambench.COLUMNS:
-            assert isinstance(row[key], (int, float)) and math.isfinite(row[key]) and row[key] >= 0, (library, mode, key)
+            assert isinstance(row[key], (int, float)) and math.isfinite(row[key]) and row[key] >= 0, (
+                library,
+                mode,
+                key,
+            )
         assert row["epoch1_samples_per_s"] > 0 and row["requests"] > 0
         epochs = row["raw"]["epochs"]
         assert [e["samples"] for e in epochs] == [64, 64]
@@ -86,7 +91,13 @@ def test_the_cache_sweep_counts_one_download_a_shard_with_a_cap_of_two_windows()
     # are fewer than a window's samples, as the guide's promise requires. With shards of 5
     # samples they span two windows, and a starved worker's batch keeps a third in use.
     report = cachesweep.sweep(
-        shards=6, shard_mb=0.4, window_shards=2, caps=(2.0,), settings=(("file", 1),), epochs=1, batch=4,
+        shards=6,
+        shard_mb=0.4,
+        window_shards=2,
+        caps=(2.0,),
+        settings=(("file", 1),),
+        epochs=1,
+        batch=4,
         sample_ms=0,
     )
     (row,) = report["rows"]

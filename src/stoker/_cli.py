@@ -70,10 +70,7 @@ def _index(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"stoker index: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    print(
-        f"wrote {args.url.rstrip('/')}/{INDEX_NAME}: {len(index.shards)} {index.format} shards, "
-        f"{len(index)} samples"
-    )
+    print(f"wrote {args.url.rstrip('/')}/{INDEX_NAME}: {len(index.shards)} {index.format} shards, {len(index)} samples")
     return 0
 
 

@@ -140,4 +140,3 @@ def assert_resumes_identically(
                     f"resumed after batch {step}{workers}: batch {first} of the run differs "
                     f"(batch {first - step} after the resume): expected {expected!r:.300}, got {actual!r:.300}"
                 )
-

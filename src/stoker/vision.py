@@ -19,6 +19,17 @@ from ._vision.errors import DecodeError
 from ._vision.folder import IMG_EXTENSIONS, ImageFolder, find_classes, pil_loader
 
 __all__ = [
-    "IMG_EXTENSIONS", "DecodeCrop", "DecodeError", "DecodeOnDevice", "ImageFolder", "JpegBatch", "JpegCrop",
-    "collate_jpegs", "crop_box", "decode_crop", "decode_jpegs", "find_classes", "pil_loader",
+    "IMG_EXTENSIONS",
+    "DecodeCrop",
+    "DecodeError",
+    "DecodeOnDevice",
+    "ImageFolder",
+    "JpegBatch",
+    "JpegCrop",
+    "collate_jpegs",
+    "crop_box",
+    "decode_crop",
+    "decode_jpegs",
+    "find_classes",
+    "pil_loader",
 ]

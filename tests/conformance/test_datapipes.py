@@ -43,9 +43,7 @@ def _items(batch: Any) -> list[int]:
     return [int(batch)]
 
 
-def _epochs(
-    loader_cls: type, num_workers: int, *, seed: int = 7, epochs: int = 2, **kwargs: Any
-) -> list[Any]:
+def _epochs(loader_cls: type, num_workers: int, *, seed: int = 7, epochs: int = 2, **kwargs: Any) -> list[Any]:
     """Each epoch's items, one more epoch after re-seeding, and the next draw of torch's global
     RNG (where the loader left it)."""
     if num_workers:
@@ -115,9 +113,7 @@ def test_forkserver_workers_as_torchs() -> None:
 def test_half_an_epoch_then_the_next_as_in_torch(persistent: bool) -> None:
     def run(loader_cls: type) -> list[Any]:
         torch.manual_seed(11)
-        loader = loader_cls(
-            _pipe(), num_workers=2, batch_size=4, persistent_workers=persistent, timeout=WAIT_S
-        )
+        loader = loader_cls(_pipe(), num_workers=2, batch_size=4, persistent_workers=persistent, timeout=WAIT_S)
         first = iter(loader)
         half = [x for _ in range(6) for x in _items(next(first))]
         del first
@@ -133,9 +129,7 @@ def test_a_persistent_iterator_shut_down_as_torchs_tests_do() -> None:
     # torch's own tests stop a persistent loader's workers through its private iterator
     def run(loader_cls: type) -> list[Any]:
         torch.manual_seed(5)
-        loader = loader_cls(
-            _pipe(), num_workers=2, batch_size=4, persistent_workers=True, timeout=WAIT_S
-        )
+        loader = loader_cls(_pipe(), num_workers=2, batch_size=4, persistent_workers=True, timeout=WAIT_S)
         out = [[x for b in loader for x in _items(b)]]
         loader._iterator._shutdown_workers()
         loader._iterator = None
@@ -194,9 +188,7 @@ def test_two_training_ranks_share_rank_0s_seed_and_split_the_pipe_as_torch(tmp_p
     # each rank seeds torch differently; torch broadcasts rank 0's shared seed, so the ranks
     # shuffle alike and their workers' shares split one order
     script = Path(__file__).with_name("datapipe_ranks.py")
-    done = subprocess.run(
-        [sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300
-    )
+    done = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     ranks = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(2)]
     for rank in ranks:

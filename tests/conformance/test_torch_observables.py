@@ -73,15 +73,16 @@ class ThreadDraws(tud.Dataset):
         return [
             float(info.rng.random_generator.random() == random.Random(info.seed).random()),
             float(info.rng.numpy_generator.random() == fresh.random()),
-            float(torch.rand(1, generator=info.rng.torch_generator).item()
-                  == torch.rand(1, generator=torch.Generator().manual_seed(info.seed)).item()),
+            float(
+                torch.rand(1, generator=info.rng.torch_generator).item()
+                == torch.rand(1, generator=torch.Generator().manual_seed(info.seed)).item()
+            ),
         ]
 
 
 def test_thread_workers_have_their_own_seeded_generators() -> None:
     # batch_size=None: one sample per batch, so each draw is a worker's first from fresh generators
-    loader = st.DataLoader(ThreadDraws(), batch_size=None, num_workers=2, thread_pool=True,
-                           sampler=[0, 1])
+    loader = st.DataLoader(ThreadDraws(), batch_size=None, num_workers=2, thread_pool=True, sampler=[0, 1])
     assert [list(map(float, b)) for b in loader] == [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]
 
 

@@ -106,9 +106,7 @@ SAMPLERS: dict[str, Callable[[Any, Any, int], dict[str, Any]]] = {
     "weighted": lambda mod, ds, s: {
         "sampler": mod.WeightedRandomSampler([1.0 + (i % 3) for i in range(len(ds))], 17, generator=g(s))
     },
-    "distributed": lambda mod, ds, s: {
-        "sampler": mod.DistributedSampler(ds, num_replicas=3, rank=1, seed=s)
-    },
+    "distributed": lambda mod, ds, s: {"sampler": mod.DistributedSampler(ds, num_replicas=3, rank=1, seed=s)},
 }
 
 
@@ -118,7 +116,9 @@ def _configs() -> list[tuple[str, str, int | None, bool]]:
         for sampler in SAMPLERS:
             for batch_size, drop_last in [(1, False), (4, False), (4, True), (7, True), (None, False)]:
                 # the full product is large; vary batch shapes along the sampler axis
-                if (list(SAMPLERS).index(sampler) + [1, 4, 4, 7, None].index(batch_size)) % 3 == 0 or dataset == "nested":
+                if (
+                    list(SAMPLERS).index(sampler) + [1, 4, 4, 7, None].index(batch_size)
+                ) % 3 == 0 or dataset == "nested":
                     configs.append((dataset, sampler, batch_size, drop_last))
     return configs
 
@@ -184,15 +184,23 @@ def test_two_workers_equal_torch_in_process(
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-@pytest.mark.parametrize(("n", "batch_size", "drop_last"), [(20, 3, False), (20, 3, True), (9, None, False), (17, 4, False)])
-def test_iterable_batches_equal_torch_at_same_workers(n: int, batch_size: int | None, drop_last: bool, num_workers: int) -> None:
+@pytest.mark.parametrize(
+    ("n", "batch_size", "drop_last"), [(20, 3, False), (20, 3, True), (9, None, False), (17, 4, False)]
+)
+def test_iterable_batches_equal_torch_at_same_workers(
+    n: int, batch_size: int | None, drop_last: bool, num_workers: int
+) -> None:
     def run(mod: Any) -> Any:
         loader = mod.DataLoader(NestedStream(n), batch_size=batch_size, drop_last=drop_last, num_workers=num_workers)
         return len(loader), list(loader)
 
     ours_len, ours = run(st)
     theirs_len, theirs = run(tud)
-    assert ours_len == theirs_len == (n if batch_size is None else (n // batch_size if drop_last else math.ceil(n / batch_size)))
+    assert (
+        ours_len
+        == theirs_len
+        == (n if batch_size is None else (n // batch_size if drop_last else math.ceil(n / batch_size)))
+    )
     same(ours, theirs)
 
 

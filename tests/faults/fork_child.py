@@ -34,7 +34,9 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root: tests.support
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)  # the repo root: tests.support
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from scenario import _prestart

@@ -25,7 +25,9 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root: tests.support
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+)  # the repo root: tests.support
 
 from tests.support.leakcheck import Snapshot
 
@@ -151,9 +153,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         if "deaths" in spec:
             at = pick_deaths(out["reference"], spec["deaths"], spec["death_seed"])
     out["at"] = at
-    faulty = stoker.DataLoader(
-        make(at), generator=spec["seed"], max_worker_restarts=spec["restarts"], **kwargs
-    )
+    faulty = stoker.DataLoader(make(at), generator=spec["seed"], max_worker_restarts=spec["restarts"], **kwargs)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out["batches"] = epochs(faulty, count, out)

@@ -46,7 +46,10 @@ def check(result: dict[str, Any], stderr: str) -> None:
 def test_os_fork_children_that_end_any_way_leave_the_parents_loader_alone(method: str) -> None:
     result, stderr = run("os_fork", method)
     assert result["children"] == {
-        "exit": "exit 0", "raise": "exit 1", "sigterm": "SIGTERM", "sigkill": "SIGKILL",
+        "exit": "exit 0",
+        "raise": "exit 1",
+        "sigterm": "SIGTERM",
+        "sigkill": "SIGKILL",
         "iterate": "exit 0",  # its own epoch, on its own workers, had every sample once
     }
     assert "RuntimeError: the forked child fails" in stderr  # the raising child's own traceback

@@ -270,9 +270,7 @@ def sigkill_busy_child(tmp_path, method: str, *options: str) -> None:
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("consumer", ["main", "thread"])
 @pytest.mark.parametrize("method", START_METHODS)
-def test_main_process_sigkilled_while_workers_are_busy_takes_them_along(
-    tmp_path, method: str, consumer: str
-) -> None:
+def test_main_process_sigkilled_while_workers_are_busy_takes_them_along(tmp_path, method: str, consumer: str) -> None:
     """The workers are inside a long `__getitem__` (sleeping: the GIL is free), not idly
     watching their parent; the loader is iterated from the main thread or another one."""
     sigkill_busy_child(tmp_path, method, consumer)
@@ -291,9 +289,7 @@ def test_main_process_sigkilled_while_workers_hold_the_gil_takes_them_along(
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("watchdog", ["pidfd", "polling"])
-def test_parent_watchdog_ends_its_process_with_the_main_one_and_tells_a_reused_pid(
-    tmp_path, watchdog: str
-) -> None:
+def test_parent_watchdog_ends_its_process_with_the_main_one_and_tells_a_reused_pid(tmp_path, watchdog: str) -> None:
     """The watchdog on its own, as under forkserver (the watched process is not our parent):
     a pid whose start time differs is not the main process; once the main process has
     exited (a zombie, not yet reaped), the watchdog ends ours at once."""
@@ -514,9 +510,7 @@ def test_persistent_loader_deleted_stops_its_workers(tmp_path, method: str) -> N
         print("RESULT " + json.dumps({"problems": problems, "epochs": epochs, "same": same, "took": took}), flush=True)
         """,
     )
-    result = result_of(
-        subprocess.run([sys.executable, script, method], capture_output=True, text=True, timeout=60)
-    )
+    result = result_of(subprocess.run([sys.executable, script, method], capture_output=True, text=True, timeout=60))
     assert result["epochs"] == [list(range(0, 20, 2))] * 4
     assert result["same"], "persistent workers were replaced"
     assert result["problems"] == [], result["problems"]

@@ -116,8 +116,12 @@ def own_samplers_first(accelerator: Any) -> dict[str, Any]:
                         gathered += accelerator.gather_for_metrics(batch["cls"]).tolist()
                 epochs.append(seen)
             skipped = accelerator.skip_first_batches(loader, 2)  # into the third epoch
-            record.update(epochs=epochs, gathered=gathered, skipped=own_ids(sampler, skipped),
-                          kinds=sorted({kind(loader.base_dataloader), kind(skipped.base_dataloader)}))
+            record.update(
+                epochs=epochs,
+                gathered=gathered,
+                skipped=own_ids(sampler, skipped),
+                kinds=sorted({kind(loader.base_dataloader), kind(skipped.base_dataloader)}),
+            )
             own, resumable = own_resumable(sampler)
             iterator = iter(resumable)
             record["head"] = [i for _ in range(STOP_AFTER) for i in own_samplers.identities(sampler, next(iterator))]
@@ -131,7 +135,9 @@ def own_samplers_first(accelerator: Any) -> dict[str, Any]:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 config = DataLoaderConfiguration(**{setting: True})
-                Accelerator(cpu=True, gradient_accumulation_steps=2, dataloader_config=config).prepare(own_loader(sampler))
+                Accelerator(cpu=True, gradient_accumulation_steps=2, dataloader_config=config).prepare(
+                    own_loader(sampler)
+                )
             warned[setting] = [str(w.message) for w in caught if "share" in str(w.message)]
         record["warned"] = warned
         out[sampler] = record
@@ -163,9 +169,7 @@ def main() -> None:
     evaluate = DataLoader(Numbers(17), batch_size=4, num_workers=2)
     shuffler = shard.sampler
     generator_before = shuffler.generator is not None
-    model, optimizer, shard, accumulate, evaluate = accelerator.prepare(
-        model, optimizer, shard, accumulate, evaluate
-    )
+    model, optimizer, shard, accumulate, evaluate = accelerator.prepare(model, optimizer, shard, accumulate, evaluate)
     state_dir = os.path.join(OUT, f"state-{FLAVOUR}")
     record: dict[str, Any] = {"rank": rank, "device": str(accelerator.device)}
     if PHASE == "first":
@@ -245,9 +249,13 @@ def main() -> None:
             prepared = accelerator.prepare(given)
             seen = [j for batch in indices(prepared) for j in batch]
             base = prepared.base_dataloader
-            record["auto"] = {"given_num_workers": given.num_workers, "seen": seen, "kind": kind(base),
-                              "num_workers_is_int": isinstance(base.num_workers, int),
-                              "choice": base.stats().choice}
+            record["auto"] = {
+                "given_num_workers": given.num_workers,
+                "seen": seen,
+                "kind": kind(base),
+                "num_workers_is_int": isinstance(base.num_workers, int),
+                "choice": base.stats().choice,
+            }
             record["own"] = own_samplers_first(accelerator)
     else:
         # accelerate's checkpoint, back into loaders prepared in the same order

@@ -202,16 +202,31 @@ class Writer(BasePredictionWriter):
         self.record = record
         record["writer"] = []
 
-    def write_on_batch_end(self, trainer: Any, module: Any, prediction: Any, batch_indices: Any,
-                           batch: Any, batch_idx: int, dataloader_idx: int) -> None:
+    def write_on_batch_end(
+        self,
+        trainer: Any,
+        module: Any,
+        prediction: Any,
+        batch_indices: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int,
+    ) -> None:
         indices = None if batch_indices is None else [int(i) for i in batch_indices]
         self.record["writer"].append([indices, batch[1].tolist(), prediction.tolist()])
 
 
 def trainer(**extra: Any) -> pl.Trainer:
     settings: dict[str, Any] = dict(
-        accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False, enable_progress_bar=False,
-        enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_epochs=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
         default_root_dir=OUT,
     )
     settings.update(extra)
@@ -259,7 +274,8 @@ def no_sampler_case(runs: dict[str, Any]) -> None:
 
         record["unsharded_is_user_warning"] = all(
             issubclass(w.category, stoker.torch.UnshardedWarning) and issubclass(w.category, UserWarning)
-            for w in caught if w.category.__name__ == "UnshardedWarning"
+            for w in caught
+            if w.category.__name__ == "UnshardedWarning"
         )
     runs["no_sampler"] = record
 
@@ -289,8 +305,10 @@ class AutoVal(Recorder):
 
     def on_fit_end(self) -> None:
         # the epochs are over: each re-created loader has made its choice
-        self.record["auto"] = {"train": auto_choice(self.trainer.train_dataloader),
-                               "val": auto_choice(self.trainer.val_dataloaders)}
+        self.record["auto"] = {
+            "train": auto_choice(self.trainer.train_dataloader),
+            "val": auto_choice(self.trainer.val_dataloaders),
+        }
 
 
 def auto_case(runs: dict[str, Any]) -> None:

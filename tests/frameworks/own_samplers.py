@@ -36,8 +36,9 @@ def write(folder: str) -> None:
     """The shards "sharded" reads, written once by the test process."""
     from stoker.shards import write_shards
 
-    write_shards([{"__key__": f"{i:05d}", "cls": i} for i in range(SHARDED_N)], folder, shard_bytes=SHARD_BYTES,
-                 workers=1)
+    write_shards(
+        [{"__key__": f"{i:05d}", "cls": i} for i in range(SHARDED_N)], folder, shard_bytes=SHARD_BYTES, workers=1
+    )
 
 
 def dataset(kind: str, folder: str) -> Any:
@@ -49,8 +50,9 @@ def dataset(kind: str, folder: str) -> Any:
 
     lengths = np.random.default_rng(0).integers(3, 40, size=80)
     documents = [np.arange(1, n + 1) + 1000 * d for d, n in enumerate(lengths)]
-    return PackedDataset(TokenDataset.from_documents(documents), seq_len=32, window_size=16, rows_per_epoch=ROWS,
-                         tensors=True)
+    return PackedDataset(
+        TokenDataset.from_documents(documents), seq_len=32, window_size=16, rows_per_epoch=ROWS, tensors=True
+    )
 
 
 def sampler(kind: str, data: Any, **kwargs: Any) -> Any:
@@ -78,8 +80,9 @@ def loader(kind: str, folder: str, num_workers: int = 0, **kwargs: Any) -> Any:
 
     data = dataset(kind, folder)
     extra = {} if collate(kind) is None else {"collate_fn": collate(kind)}
-    return stoker.torch.DataLoader(data, batch_size=BATCH, sampler=sampler(kind, data, **kwargs),
-                                   num_workers=num_workers, **extra)
+    return stoker.torch.DataLoader(
+        data, batch_size=BATCH, sampler=sampler(kind, data, **kwargs), num_workers=num_workers, **extra
+    )
 
 
 def identities(kind: str, batch: Any) -> list[int]:

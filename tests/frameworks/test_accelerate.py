@@ -40,20 +40,31 @@ on_two_ranks = pytest.mark.skipif(NO_NAMESPACE is not None, reason=str(NO_NAMESP
 pytestmark = pytest.mark.timeout(2 * LAUNCH_TIMEOUT_S + 20)  # a flavour's first test launches twice
 
 
-
-
-
-
 def launch(flavour: str, phase: str, out: Path) -> list[dict[str, Any]]:
     """accelerate_main.py on two ranks; each rank's record."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore",
-               STACKS_AFTER_S=str(LAUNCH_TIMEOUT_S - 10))
-    program = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", "29500", str(SCRIPT), flavour, str(out), phase]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(sys.path),
+        HF_HUB_OFFLINE="1",
+        PYTHONWARNINGS="ignore",
+        STACKS_AFTER_S=str(LAUNCH_TIMEOUT_S - 10),
+    )
+    program = [
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        "29500",
+        str(SCRIPT),
+        flavour,
+        str(out),
+        phase,
+    ]
     run_in_namespace(program, out, env, LAUNCH_TIMEOUT_S, f"{flavour} {phase}")
     return [json.loads((out / f"{flavour}-{phase}-{rank}.json").read_text()) for rank in range(2)]
-
-
 
 
 _runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
@@ -131,8 +142,12 @@ def test_skip_first_batches_yields_the_rest_of_the_epoch(flavour: str, runs: Any
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_the_shuffle_sampler_gets_accelerates_generator(flavour: str, runs: Any) -> None:
     for rank in runs(flavour)["first"]:
-        assert rank["sampler"] == {"generator_before": False, "generator_after": True,
-                                   "shard_wraps_it": True, "shard": "BatchSamplerShard"}
+        assert rank["sampler"] == {
+            "generator_before": False,
+            "generator_after": True,
+            "shard_wraps_it": True,
+            "shard": "BatchSamplerShard",
+        }
 
 
 @on_two_ranks
@@ -266,8 +281,9 @@ print("ok")
 
 def _python(code: str, *arguments: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, "-c", code, *arguments], capture_output=True, text=True,
-                          timeout=LAUNCH_TIMEOUT_S, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", code, *arguments], capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S, env=env
+    )
 
 
 def test_streams_checkpoints_and_an_adopted_skip_in_one_process(tmp_path: Path) -> None:

@@ -76,17 +76,14 @@ launching = pytest.mark.timeout(2 * LAUNCH_TIMEOUT_S + 30)
 # ------------------------------------------------------------------ launching
 
 
-
-
-
-
 def launch(case: str, flavour: str, out: Path) -> list[dict[str, Any]]:
     """lightning_main.py CASE FLAVOUR OUT on two ranks (Lightning starts the second); each
     rank's record. Fails if it does not finish in time or leaves a process behind."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), MASTER_ADDR="127.0.0.1")
     env.pop("PL_GLOBAL_SEED", None)
-    run_in_namespace([str(SCRIPT), case, flavour, str(out)], out, env, LAUNCH_TIMEOUT_S, f"{case} ({flavour})",
-                     grace_s=10)
+    run_in_namespace(
+        [str(SCRIPT), case, flavour, str(out)], out, env, LAUNCH_TIMEOUT_S, f"{case} ({flavour})", grace_s=10
+    )
     records = [json.loads((out / f"{case}-{flavour}-{rank}.json").read_text()) for rank in range(2)]
     assert [r["rank"] for r in records] == [0, 1]
     # the control is torch alone: nothing imported stoker in its ranks
@@ -154,7 +151,11 @@ def test_fit_and_validate_give_each_rank_its_shard(flavour: str, ranks: Any) -> 
             loader = record["loaders"][stage]
             # Lightning re-created the loader around a DistributedSampler: same class, same workers
             assert loader["id"] != record["given"][stage]
-            assert (loader["type"], loader["sampler"], loader["num_workers"]) == (LOADER[flavour], DISTRIBUTED_SAMPLER, 2)
+            assert (loader["type"], loader["sampler"], loader["num_workers"]) == (
+                LOADER[flavour],
+                DISTRIBUTED_SAMPLER,
+                2,
+            )
             assert loader["is_torch_loader"]
             assert_made_by(flavour, record[stage])
         assert record["unsharded"] == []  # sharded: nothing to warn about
@@ -199,7 +200,9 @@ def test_a_datamodule_is_sharded_and_its_stream_left_alone(flavour: str, ranks: 
 @on_two_ranks
 @launching
 @pytest.mark.parametrize("flavour", FLAVOURS)
-def test_without_lightnings_sampler_the_loader_is_kept_and_stoker_warns_once_per_loader(flavour: str, ranks: Any) -> None:
+def test_without_lightnings_sampler_the_loader_is_kept_and_stoker_warns_once_per_loader(
+    flavour: str, ranks: Any
+) -> None:
     records = [r["no_sampler"] for r in ranks("ddp", flavour)]
     for record in records:
         for stage in ("train", "val"):
@@ -239,8 +242,14 @@ def test_the_ranks_read_what_torchs_ranks_read(ranks: Any) -> None:
     stoker.torch each rank's batches are torch's, batch for batch."""
     torch_ranks, stoker_ranks = ranks("ddp", "torch"), ranks("ddp", "stoker")
     for t, s in zip(torch_ranks, stoker_ranks):
-        for run, stage in (("fit", "train"), ("fit", "val"), ("fit", "validate"), ("fit", "predict"),
-                           ("datamodule", "train"), ("full", "train")):
+        for run, stage in (
+            ("fit", "train"),
+            ("fit", "val"),
+            ("fit", "validate"),
+            ("fit", "predict"),
+            ("datamodule", "train"),
+            ("full", "train"),
+        ):
             assert [b[:2] for b in t[run][stage]] == [b[:2] for b in s[run][stage]], (run, stage)
         assert t["fabric"]["epochs"] == s["fabric"]["epochs"]
 
@@ -331,9 +340,14 @@ def test_own_samplers_resume_from_a_mid_epoch_checkpoint(kind: str, ranks: Any) 
     batches before and after are the uninterrupted run's, batch for batch."""
     done = ranks("ddp", "stoker")
     resumed = ranks("resume", "stoker")
-    for rank, (whole, before, after) in enumerate(zip(*([r[f"own-{kind}-{phase}"] for r in rs]
-                                                       for rs, phase in ((done, "full"), (done, "first"),
-                                                                         (resumed, "second"))))):
+    for rank, (whole, before, after) in enumerate(
+        zip(
+            *(
+                [r[f"own-{kind}-{phase}"] for r in rs]
+                for rs, phase in ((done, "full"), (done, "first"), (resumed, "second"))
+            )
+        )
+    ):
         assert len(_own_batches(before)) == 3, rank
         assert _own_batches(before) + _own_batches(after) == _own_batches(whole), rank
         assert [b[0] for b in before["train"] + after["train"]] == [b[0] for b in whole["train"]], rank
@@ -374,8 +388,15 @@ class Seeded(tud.Dataset):
     def __getitem__(self, i: int) -> tuple[int, ...]:
         info = tud.get_worker_info()
         assert info is not None
-        return (i, os.getpid(), info.id, info.seed - info.id, int(np.random.randint(1 << 30)),
-                random.randrange(1 << 30), int(torch.randint(1 << 30, ()).item()))
+        return (
+            i,
+            os.getpid(),
+            info.id,
+            info.seed - info.id,
+            int(np.random.randint(1 << 30)),
+            random.randrange(1 << 30),
+            int(torch.randint(1 << 30, ()).item()),
+        )
 
 
 def indices(loader: Any) -> list[int]:
@@ -421,8 +442,16 @@ def _fit_one_process(flavour: str, root: Path) -> list[Any]:
             return data.DataLoader(Numbers(), batch_size=16, num_workers=2)
 
     pl.seed_everything(7)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_progress_bar=False,
-                         enable_checkpointing=False, enable_model_summary=False, default_root_dir=root)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=2,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+    )
     trainer.fit(Model())
     return seen
 
@@ -439,8 +468,13 @@ def test_one_process_training_order_equals_torchs(tmp_path: Path, monkeypatch: p
 
 @pytest.mark.parametrize(
     "flavour, extra",
-    [("torch", {}), ("stoker", {}), ("torch", {"persistent_workers": True}),
-     ("stoker", {"persistent_workers": True}), ("stoker", {"thread_pool": True})],
+    [
+        ("torch", {}),
+        ("stoker", {}),
+        ("torch", {"persistent_workers": True}),
+        ("stoker", {"persistent_workers": True}),
+        ("stoker", {"thread_pool": True}),
+    ],
     ids=["torch", "stoker", "torch-persistent", "stoker-persistent", "stoker-threads"],
 )
 def test_a_stream_split_with_torchs_get_worker_info_yields_each_item_once(flavour: str, extra: dict[str, Any]) -> None:
@@ -474,8 +508,15 @@ def test_fit_on_a_stream_with_checkpointing(flavour: str, tmp_path: Path) -> Non
         def train_dataloader(self) -> Any:
             return data.DataLoader(Stream(), batch_size=4, num_workers=2)
 
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(Model())
     assert sorted(seen) == list(range(STREAM))
     assert [p.name for p in tmp_path.rglob("*.ckpt")] == ["epoch=0-step=4.ckpt"]
@@ -486,8 +527,9 @@ class _Trainer:
     """What Lightning's _DataConnector reads of its trainer to decide on a sampler."""
 
     def __init__(self, rank: int = 0, world: int = 2, use_distributed_sampler: bool = True) -> None:
-        self._accelerator_connector = type("Connector", (), {
-            "use_distributed_sampler": use_distributed_sampler, "is_distributed": world > 1})()
+        self._accelerator_connector = type(
+            "Connector", (), {"use_distributed_sampler": use_distributed_sampler, "is_distributed": world > 1}
+        )()
         self.distributed_sampler_kwargs = {"num_replicas": world, "rank": rank}
         self.overfit_batches = 0
         self.state = type("State", (), {"fn": None})()
@@ -505,7 +547,9 @@ def test_requires_distributed_sampler_as_for_torch(flavour: str) -> None:
     data = DATA[flavour]
     connector = _DataConnector(_Trainer())  # type: ignore[arg-type]
     assert connector._requires_distributed_sampler(data.DataLoader(Numbers(), shuffle=True))
-    assert connector._requires_distributed_sampler(data.DataLoader(Numbers(), sampler=data.SequentialSampler(Numbers())))
+    assert connector._requires_distributed_sampler(
+        data.DataLoader(Numbers(), sampler=data.SequentialSampler(Numbers()))
+    )
     sharded = data.DataLoader(Numbers(), sampler=data.DistributedSampler(Numbers(), num_replicas=2, rank=0))
     assert not connector._requires_distributed_sampler(sharded)
     assert not connector._requires_distributed_sampler(data.DataLoader(Stream()))
@@ -522,7 +566,9 @@ def test_prepare_dataloader_shards_over_ranks_keeping_the_loader(flavour: str, i
     for rank in range(2):
         connector = _DataConnector(_Trainer(rank=rank))  # type: ignore[arg-type]
         kwargs = dict(batch_size=4, shuffle=True, num_workers=2, drop_last=True)
-        given = made_in_a_hook(data.DataLoader, Numbers(), **kwargs) if in_hook else data.DataLoader(Numbers(), **kwargs)
+        given = (
+            made_in_a_hook(data.DataLoader, Numbers(), **kwargs) if in_hook else data.DataLoader(Numbers(), **kwargs)
+        )
         loader = connector._prepare_dataloader(given, shuffle=True, mode=RunningStage.TRAINING)
         assert loader is not given and type(loader) is type(given)
         assert isinstance(loader.sampler, tud.DistributedSampler) and loader.sampler.shuffle
@@ -566,8 +612,17 @@ def test_update_dataloader_keeps_every_argument_and_takes_the_new_sampler(flavou
     data = DATA[flavour]
     generator = torch.Generator().manual_seed(3)
     kwargs: dict[str, Any] = dict(
-        batch_size=4, shuffle=True, num_workers=2, persistent_workers=True, pin_memory=True, collate_fn=_collate,
-        worker_init_fn=_init, generator=generator, prefetch_factor=3, timeout=30.0, drop_last=True,
+        batch_size=4,
+        shuffle=True,
+        num_workers=2,
+        persistent_workers=True,
+        pin_memory=True,
+        collate_fn=_collate,
+        worker_init_fn=_init,
+        generator=generator,
+        prefetch_factor=3,
+        timeout=30.0,
+        drop_last=True,
     )
     if flavour == "stoker":
         kwargs.update(STOKER_ONLY)
@@ -608,8 +663,14 @@ def test_update_dataloader_of_a_custom_batch_sampler_made_in_a_hook(flavour: str
                 if number % self.skip == 0:
                     yield batch
 
-    loader = made_in_a_hook(data.DataLoader, Numbers(16), batch_sampler=made_in_a_hook(
-        EveryOther, tud.SequentialSampler(range(16)), batch_size=2, drop_last=False, skip=2), num_workers=2)
+    loader = made_in_a_hook(
+        data.DataLoader,
+        Numbers(16),
+        batch_sampler=made_in_a_hook(
+            EveryOther, tud.SequentialSampler(range(16)), batch_size=2, drop_last=False, skip=2
+        ),
+        num_workers=2,
+    )
     again = _update_dataloader(loader, tud.DistributedSampler(loader.dataset, num_replicas=2, rank=0, shuffle=False))
     assert type(again) is type(loader) and type(again.batch_sampler) is EveryOther and again.batch_sampler.skip == 2
     assert indices(again) == [0, 2, 8, 10]  # rank 0's half (0, 2, ..., 14), every other batch of 2
@@ -641,7 +702,9 @@ def test_lengths_as_for_torch(flavour: str) -> None:
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_set_sampler_epoch_reaches_the_sampler_inside(flavour: str) -> None:
     data = DATA[flavour]
-    loader = data.DataLoader(Numbers(), batch_size=8, sampler=tud.DistributedSampler(Numbers(), num_replicas=2, rank=0, seed=4))
+    loader = data.DataLoader(
+        Numbers(), batch_size=8, sampler=tud.DistributedSampler(Numbers(), num_replicas=2, rank=0, seed=4)
+    )
     _set_sampler_epoch(loader, 3)
     assert loader.sampler.epoch == 3
     expected = tud.DistributedSampler(Numbers(), num_replicas=2, rank=0, seed=4)

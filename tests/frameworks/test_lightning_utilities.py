@@ -44,14 +44,30 @@ def made_in_a_hook(**kwargs: Any) -> Any:
 
 @pytest.mark.parametrize("in_hook", [True, False], ids=["captured", "attributes"])
 def test_update_dataloader_keeps_stokers_arguments_and_takes_the_new_sampler(in_hook: bool) -> None:
-    kwargs = dict(batch_size=4, shuffle=True, num_workers=2, max_worker_restarts=2, thread_pool=True,
-                  persistent_workers=True, prefetch_factor=3, seed_each_batch=False, drop_last=True)
+    kwargs = dict(
+        batch_size=4,
+        shuffle=True,
+        num_workers=2,
+        max_worker_restarts=2,
+        thread_pool=True,
+        persistent_workers=True,
+        prefetch_factor=3,
+        seed_each_batch=False,
+        drop_last=True,
+    )
     loader = made_in_a_hook(**kwargs) if in_hook else st.DataLoader(Numbers(), **kwargs)
     sampler = tud.DistributedSampler(loader.dataset, num_replicas=2, rank=0, shuffle=False)
     again = _update_dataloader(loader, sampler)
     assert type(again) is st.DataLoader and again.sampler is sampler
-    assert (again.num_workers, again.max_worker_restarts, again.thread_pool, again.persistent_workers,
-            again.prefetch_factor, again.batch_size, again.drop_last) == (2, 2, True, True, 3, 4, True)
+    assert (
+        again.num_workers,
+        again.max_worker_restarts,
+        again.thread_pool,
+        again.persistent_workers,
+        again.prefetch_factor,
+        again.batch_size,
+        again.drop_last,
+    ) == (2, 2, True, True, 3, 4, True)
     assert seen(again) == list(range(0, 16, 2))
 
 
@@ -65,7 +81,9 @@ def test_shuffle_is_detected_as_for_torch() -> None:
     assert _is_dataloader_shuffled(st.DataLoader(Numbers(), shuffle=True))
     assert not _is_dataloader_shuffled(st.DataLoader(Numbers(), shuffle=False))
     assert _is_dataloader_shuffled(made_in_a_hook(shuffle=True))
-    assert not _is_dataloader_shuffled(st.DataLoader(Numbers(), batch_sampler=tud.BatchSampler(tud.SequentialSampler(Numbers()), 4, False)))
+    assert not _is_dataloader_shuffled(
+        st.DataLoader(Numbers(), batch_sampler=tud.BatchSampler(tud.SequentialSampler(Numbers()), 4, False))
+    )
 
 
 def test_has_len_as_for_torch() -> None:

@@ -33,8 +33,9 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def _python(code: str, *arguments: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), HF_HUB_OFFLINE="1")
-    return subprocess.run([sys.executable, "-c", code, *arguments], capture_output=True, text=True,
-                          timeout=TIMEOUT_S, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", code, *arguments], capture_output=True, text=True, timeout=TIMEOUT_S, env=env
+    )
 
 
 WITHOUT_TORCH = """
@@ -89,7 +90,7 @@ def test_another_ranks_state_resumes_this_ranks_uninterrupted_share(kind: str, d
         resumed = own_samplers.loader(kind, shards, num_replicas=2, rank=rank, drop_last=drop_last)
         resumed.load_state_dict(state)
         rest = [i for batch in resumed for i in own_samplers.identities(kind, batch)]
-        assert rest == expected[3 * own_samplers.BATCH:], rank
+        assert rest == expected[3 * own_samplers.BATCH :], rank
 
 
 TORCH_LOADER_UNDER_ACCELERATE = """

@@ -42,18 +42,31 @@ pytestmark = [
 ]
 
 
-
-
-
-
-
-
 def launch(flavour: str, phase: str, out: Path) -> list[dict[str, Any]]:
     """transformers_main.py on two ranks; each rank's record."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               HF_DATASETS_OFFLINE="1", PYTHONWARNINGS="ignore", STACKS_AFTER_S=str(LAUNCH_TIMEOUT_S - 10))
-    program = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", "29500", str(SCRIPT), flavour, str(out), phase]
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(sys.path),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        PYTHONWARNINGS="ignore",
+        STACKS_AFTER_S=str(LAUNCH_TIMEOUT_S - 10),
+    )
+    program = [
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        "29500",
+        str(SCRIPT),
+        flavour,
+        str(out),
+        phase,
+    ]
     run_in_namespace(program, out, env, LAUNCH_TIMEOUT_S, f"{flavour} {phase}")
     return [json.loads((out / f"{flavour}-{phase}-{rank}.json").read_text()) for rank in range(2)]
 
@@ -93,8 +106,10 @@ def test_the_ranks_train_on_disjoint_samples_covering_each_epoch(flavour: str, r
     full = runs(flavour)["full"]
     assert [rank["rank"] for rank in full] == [0, 1]
     for epoch in range(2):
-        shards = [[i for step in rank["steps"][epoch * STEPS_PER_EPOCH:(epoch + 1) * STEPS_PER_EPOCH] for i in step]
-                  for rank in full]
+        shards = [
+            [i for step in rank["steps"][epoch * STEPS_PER_EPOCH : (epoch + 1) * STEPS_PER_EPOCH] for i in step]
+            for rank in full
+        ]
         assert [len(shard) for shard in shards] == [32, 32]
         assert not set(shards[0]) & set(shards[1])
         assert set(shards[0]) | set(shards[1]) == set(range(64))
@@ -139,7 +154,7 @@ def test_own_samplers_give_each_rank_its_share_as_without_the_trainer(kind: str,
         expected = own_samplers.plain(kind, folder, rank)
         assert len(full["steps"]) == 2 * per_epoch, rank
         for epoch in range(2):
-            steps = full["steps"][epoch * per_epoch:(epoch + 1) * per_epoch]
+            steps = full["steps"][epoch * per_epoch : (epoch + 1) * per_epoch]
             assert [i for step in steps for i in step] == expected[epoch], (rank, epoch)
         assert stopped["steps"] == full["steps"][:STOP_AT]
         assert resumed["steps"] == full["steps"][STOP_AT:], rank

@@ -101,16 +101,29 @@ transformers.trainer.skip_first_batches = noting_skip  # type: ignore[attr-defin
 def train(name: str, stop: bool = False, resume: str | None = None) -> dict[str, Any]:
     record.update(steps=[], by_stoker=set(), kinds=set())
     args = TrainingArguments(
-        output_dir=os.path.join(OUT, f"{FLAVOUR}-{name}"), per_device_train_batch_size=4, num_train_epochs=2,
-        use_cpu=True, report_to=[], remove_unused_columns=False, dataloader_num_workers=2, seed=3,
-        save_strategy="steps" if stop else "no", save_steps=STOP_AT, logging_strategy="no", disable_tqdm=True,
+        output_dir=os.path.join(OUT, f"{FLAVOUR}-{name}"),
+        per_device_train_batch_size=4,
+        num_train_epochs=2,
+        use_cpu=True,
+        report_to=[],
+        remove_unused_columns=False,
+        dataloader_num_workers=2,
+        seed=3,
+        save_strategy="steps" if stop else "no",
+        save_steps=STOP_AT,
+        logging_strategy="no",
+        disable_tqdm=True,
     )
     trainer = Trainer(model=Tiny(), args=args, train_dataset=Indexed(), callbacks=[Watch(stop)])
     if FLAVOUR == "stoker":
         stoker.torch.adopt(trainer)
     trainer.train(resume_from_checkpoint=resume)
-    return {"steps": record["steps"], "by_stoker": sorted(record["by_stoker"]), "kinds": sorted(record["kinds"]),
-            "rank": args.process_index}
+    return {
+        "steps": record["steps"],
+        "by_stoker": sorted(record["by_stoker"]),
+        "kinds": sorted(record["kinds"]),
+        "rank": args.process_index,
+    }
 
 
 class OwnModel(torch.nn.Module):
@@ -138,15 +151,28 @@ class OwnSamplerTrainer(Trainer):
 def own_train(sampler: str, name: str, stop: bool = False, resume: str | None = None) -> dict[str, Any]:
     record.update(steps=[], by_stoker=set(), kinds=set())
     args = TrainingArguments(
-        output_dir=os.path.join(OUT, f"own-{sampler}-{name}"), per_device_train_batch_size=own_samplers.BATCH,
-        num_train_epochs=2, use_cpu=True, report_to=[], remove_unused_columns=False, dataloader_num_workers=2,
-        seed=3, save_strategy="steps" if stop else "no", save_steps=STOP_AT, logging_strategy="no",
+        output_dir=os.path.join(OUT, f"own-{sampler}-{name}"),
+        per_device_train_batch_size=own_samplers.BATCH,
+        num_train_epochs=2,
+        use_cpu=True,
+        report_to=[],
+        remove_unused_columns=False,
+        dataloader_num_workers=2,
+        seed=3,
+        save_strategy="steps" if stop else "no",
+        save_steps=STOP_AT,
+        logging_strategy="no",
         disable_tqdm=True,
     )
     data = own_samplers.dataset(sampler, os.path.join(OUT, "own-shards"))
     collate = own_samplers.collate(sampler)
-    trainer = OwnSamplerTrainer(model=OwnModel(sampler), args=args, train_dataset=data, callbacks=[Watch(stop)],
-                                **({} if collate is None else {"data_collator": collate}))
+    trainer = OwnSamplerTrainer(
+        model=OwnModel(sampler),
+        args=args,
+        train_dataset=data,
+        callbacks=[Watch(stop)],
+        **({} if collate is None else {"data_collator": collate}),
+    )
     trainer.own = sampler
     stoker.torch.adopt(trainer)
     trainer.train(resume_from_checkpoint=resume)

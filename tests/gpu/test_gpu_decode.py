@@ -99,8 +99,13 @@ def test_normalised_crops_are_normalize_of_the_uint8_crops(root: Path) -> None:
 def test_the_consumer_stream_reads_a_decoded_batch_only_once_it_is_made(root: Path) -> None:
     def loader() -> DataLoader:  # a fresh one each time: epoch 0, the same crops
         return DataLoader(
-            ImageFolder(root, loader=DecodeOnDevice(224)), batch_size=32, shuffle=True, generator=5,
-            num_workers=2, collate_fn=collate_jpegs, pin_memory=True,
+            ImageFolder(root, loader=DecodeOnDevice(224)),
+            batch_size=32,
+            shuffle=True,
+            generator=5,
+            num_workers=2,
+            collate_fn=collate_jpegs,
+            pin_memory=True,
         )
 
     # the reference: each host batch decoded with the whole device synchronised around it

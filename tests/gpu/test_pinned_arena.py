@@ -95,8 +95,15 @@ def side_stream_copies(loader: Any, epochs: int) -> tuple[int, list[int]]:
 
 
 def test_side_stream_copies_from_another_thread_see_every_batch_as_loaded() -> None:
-    loader = DataLoader(Pictures(256), batch_size=8, shuffle=True, num_workers=2, pin_memory=True,
-                        prefetch_factor=4, persistent_workers=True)
+    loader = DataLoader(
+        Pictures(256),
+        batch_size=8,
+        shuffle=True,
+        num_workers=2,
+        pin_memory=True,
+        prefetch_factor=4,
+        persistent_workers=True,
+    )
     count, wrong = side_stream_copies(loader, epochs=2)
     assert count == 2 * 32
     assert wrong == []  # no batch was rewritten while its copy could still read it
@@ -116,8 +123,9 @@ def test_plain_pin_memory_gives_torchs_pinned_memory_after_a_to_device_pass() ->
 
 
 def test_born_batches_are_born_pinned_and_exact_over_many_epochs() -> None:
-    loader = DataLoader(Pictures(), batch_size=8, shuffle=True, num_workers=2, pin_memory="born",
-                        persistent_workers=True)
+    loader = DataLoader(
+        Pictures(), batch_size=8, shuffle=True, num_workers=2, pin_memory="born", persistent_workers=True
+    )
     for _ in range(6):  # slots are reused many times over
         for images, index in loader:
             assert images.is_pinned() and index.is_pinned()

@@ -75,8 +75,15 @@ def main(scratch: str, control: bool) -> dict[str, Any]:
         warnings.simplefilter("always")
         for persistent in (False, True):
             loader = stoker.DataLoader(
-                Rows(), batch_size=8, shuffle=True, num_workers=2, multiprocessing_context="fork",
-                persistent_workers=persistent, stats=True, progress=progress, generator=0,
+                Rows(),
+                batch_size=8,
+                shuffle=True,
+                num_workers=2,
+                multiprocessing_context="fork",
+                persistent_workers=persistent,
+                stats=True,
+                progress=progress,
+                generator=0,
             )
             out["epochs"].append(_numbers(loader))
             del loader
@@ -85,8 +92,13 @@ def main(scratch: str, control: bool) -> dict[str, Any]:
         data = ShardedDataset(url, cache_dir=os.path.join(scratch, "cache"))
         for persistent in (False, True):
             loader = stoker.DataLoader(
-                data, batch_size=8, sampler=ShardedSampler(data, seed=0), num_workers=2,
-                multiprocessing_context="fork", persistent_workers=persistent, stats=True,
+                data,
+                batch_size=8,
+                sampler=ShardedSampler(data, seed=0),
+                num_workers=2,
+                multiprocessing_context="fork",
+                persistent_workers=persistent,
+                stats=True,
                 progress=progress,
             )
             out["epochs"].append(_numbers(loader))
@@ -94,8 +106,7 @@ def main(scratch: str, control: bool) -> dict[str, Any]:
     stop.set()
     out["forks"] = forks
     out["fork_warnings"] = [
-        str(w.message) for w in caught
-        if issubclass(w.category, DeprecationWarning) and "fork()" in str(w.message)
+        str(w.message) for w in caught if issubclass(w.category, DeprecationWarning) and "fork()" in str(w.message)
     ]
     out["progress"] = progress
     return out

@@ -95,12 +95,24 @@ def launch(world: int, mode: str, out: Path) -> None:
     procs = []
     for rank in range(world):
         env = dict(
-            os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-            LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+            os.environ,
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            LOCAL_RANK=str(rank),
+            LOCAL_WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
             GLOO_SOCKET_IFNAME="lo",
         )
-        procs.append(subprocess.Popen([sys.executable, __file__, mode, str(out)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, __file__, mode, str(out)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     codes, outputs = [], []
     for p in procs:
         try:
@@ -133,17 +145,27 @@ def main() -> None:
             alike = st.DataLoader(Recorded(), batch_size=BATCH, sampler=everything, num_workers=2)
             same_order = [row for batch in alike for row in _rows(batch)]
             streamed = [int(x) for batch in st.DataLoader(Stream(), batch_size=3, num_workers=2) for x in batch]
-            _write(out / f"cover{rank}.json", {
-                "samples": samples, "same_order": same_order, "sampler_seed": loader.sampler.seed, "streamed": streamed,
-            })
+            _write(
+                out / f"cover{rank}.json",
+                {
+                    "samples": samples,
+                    "same_order": same_order,
+                    "sampler_seed": loader.sampler.seed,
+                    "streamed": streamed,
+                },
+            )
         elif mode == "uneven":
             own = [_loader(Recorded()) for _ in range(rank)]  # e.g. evaluation loaders of its own
             loader = _loader(Recorded())
             samples = [row["i"] for batch in loader for row in _rows(batch)]
-            _write(out / f"uneven{rank}.json", {
-                "samples": samples, "sampler_seed": loader.sampler.seed,
-                "own_seeds": [o.sampler.seed for o in own],
-            })
+            _write(
+                out / f"uneven{rank}.json",
+                {
+                    "samples": samples,
+                    "sampler_seed": loader.sampler.seed,
+                    "own_seeds": [o.sampler.seed for o in own],
+                },
+            )
         elif mode == "train":
             kill_at = int(os.environ["KILL_AT"])
             loader = _loader(Recorded())
@@ -151,9 +173,14 @@ def main() -> None:
             for step, batch in enumerate(loader, start=1):
                 seen += [int(i) for i in batch["i"]]
                 dist.barrier()
-                _write(out / f"state{rank}.json", {
-                    "state": loader.state_dict(), "seen": seen, "sampler_seed": loader.sampler.seed,
-                })
+                _write(
+                    out / f"state{rank}.json",
+                    {
+                        "state": loader.state_dict(),
+                        "seen": seen,
+                        "sampler_seed": loader.sampler.seed,
+                    },
+                )
                 dist.barrier()
                 if step == kill_at:
                     os.kill(os.getpid(), signal.SIGKILL)

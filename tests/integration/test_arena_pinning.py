@@ -250,8 +250,9 @@ class KillsOnce(Rows):
 def test_registrations_stay_consistent_after_a_killed_worker(
     registrar: Registrar, pin_calls: list[int], tmp_path: Path
 ) -> None:
-    loader = st.DataLoader(KillsOnce(tmp_path / "killed"), batch_size=4, num_workers=2, pin_memory="born",
-                           max_worker_restarts=1)
+    loader = st.DataLoader(
+        KillsOnce(tmp_path / "killed"), batch_size=4, num_workers=2, pin_memory="born", max_worker_restarts=1
+    )
     with pytest.warns(st.WorkerRestartWarning):
         check_batches(loader, 64)
     check_batches(loader, 64)

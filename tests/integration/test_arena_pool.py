@@ -52,7 +52,11 @@ def test_slots_held_do_not_grow_with_workers(workers: int) -> None:
 
 def test_a_retired_slot_is_unmapped_by_the_other_workers() -> None:
     loader = DataLoader(
-        Growing(), batch_size=4, num_workers=3, prefetch_factor=2, multiprocessing_context="fork",
+        Growing(),
+        batch_size=4,
+        num_workers=3,
+        prefetch_factor=2,
+        multiprocessing_context="fork",
         persistent_workers=True,
     )
     iterator = iter(loader)

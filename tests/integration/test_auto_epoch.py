@@ -26,8 +26,13 @@ class Busy(Dataset):
     `sample_rng()` (or numpy's global RNG), and a count of the fetches made in the process that holds it."""
 
     def __init__(
-        self, n: int = N, busy_s: float = 0.004, fail_at: int | None = None, kill_at: int | None = None,
-        global_rng: bool = False, kill_once: str | None = None,
+        self,
+        n: int = N,
+        busy_s: float = 0.004,
+        fail_at: int | None = None,
+        kill_at: int | None = None,
+        global_rng: bool = False,
+        kill_once: str | None = None,
     ):
         self.kill_once = kill_once  # a file that says the kill happened (a restarted worker lives)
         self.n, self.busy_s, self.fail_at, self.kill_at = n, busy_s, fail_at, kill_at

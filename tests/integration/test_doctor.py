@@ -157,7 +157,14 @@ def test_examples(example: str, tmp_path: Path) -> None:
     result, wall = doctor(
         REPO,
         f"examples/{example}.py:make_loader",
-        "--seconds", str(seconds), "--step-ms", "20", "--json", str(out_json), "--plot", str(out_png),
+        "--seconds",
+        str(seconds),
+        "--step-ms",
+        "20",
+        "--json",
+        str(out_json),
+        "--plot",
+        str(out_png),
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
@@ -266,8 +273,9 @@ def test_torch_loader_is_measured_with_stoker_torch(workdir: Path, tmp_path: Pat
 
 
 @pytest.mark.timeout(60)
-def test_the_command_in_this_process(workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_in_this_process(
+    workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The `stoker` command's entry point called in the test's own process (the runs above
     start it as users do, in a subprocess): the report, its JSON and its chart, and a bad
     argument refused with one line."""
@@ -276,8 +284,9 @@ def test_the_command_in_this_process(workdir: Path, tmp_path: Path, monkeypatch:
     monkeypatch.chdir(workdir)
     monkeypatch.syspath_prepend(str(workdir))
     out_json, out_png = tmp_path / "stream.json", tmp_path / "stream.png"
-    code = cli.main(["doctor", "doctor_targets:stream", "--seconds", "4", "--json", str(out_json),
-                     "--plot", str(out_png)])
+    code = cli.main(
+        ["doctor", "doctor_targets:stream", "--seconds", "4", "--json", str(out_json), "--plot", str(out_png)]
+    )
     printed = capsys.readouterr()
     assert code == 0, printed.err
     assert any(line.startswith("recommend: num_workers=") for line in printed.out.splitlines()), printed.out

@@ -79,8 +79,9 @@ def test_dataset_set_epoch_reaches_persistent_workers(method: str) -> None:
 @pytest.mark.parametrize("method", METHODS)
 def test_map_style_epoch_sees_what_was_set_before_iter(method: str) -> None:
     dataset = EpochValued(24)
-    loader = st.DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=True,
-                           prefetch_factor=4, multiprocessing_context=method)
+    loader = st.DataLoader(
+        dataset, batch_size=4, num_workers=2, persistent_workers=True, prefetch_factor=4, multiprocessing_context=method
+    )
     for epoch, items in enumerate(_epochs(loader, dataset, 3)):
         assert items == [epoch * 1000 + i for i in range(24)]
 
@@ -89,8 +90,7 @@ def test_auto_reload_prefetches_the_next_epoch_before_iter() -> None:
     """The opt-in: the next epoch's first batches are made before `iter()` asks, so they read
     what was set before the current epoch ended (what the documentation warns about)."""
     dataset = EpochValued(48)
-    loader = st.DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=True,
-                           auto_reload=True)
+    loader = st.DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=True, auto_reload=True)
     first = [int(v) for batch in loader for v in batch]
     deadline = time.monotonic() + 10
     # the workers are already making epoch 1's first batches; wait for them to finish

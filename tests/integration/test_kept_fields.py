@@ -44,8 +44,9 @@ def allocated_bytes(loader: DataLoader) -> int:
 
 
 def loader_for(n: int, **kwargs) -> DataLoader:
-    return DataLoader(Segmentation(n), batch_size=BATCH, num_workers=2, prefetch_factor=2,
-                      multiprocessing_context="fork", **kwargs)
+    return DataLoader(
+        Segmentation(n), batch_size=BATCH, num_workers=2, prefetch_factor=2, multiprocessing_context="fork", **kwargs
+    )
 
 
 def test_keeping_labels_holds_no_slot() -> None:
@@ -100,8 +101,7 @@ def test_torch_views_of_a_kept_field_keep_their_content() -> None:
     torch = pytest.importorskip("torch")
     import stoker.torch as st
 
-    loader = st.DataLoader(Segmentation(BATCH * 30), batch_size=BATCH, num_workers=2,
-                           multiprocessing_context="fork")
+    loader = st.DataLoader(Segmentation(BATCH * 30), batch_size=BATCH, num_workers=2, multiprocessing_context="fork")
     kept = []
     for batch in loader:
         assert isinstance(batch["mask"], torch.Tensor)
@@ -154,6 +154,7 @@ def test_a_forked_child_never_gives_back_its_parents_pages() -> None:
     normally runs the arena's finalizers in its own copy: they must not give back pages of the
     parent's slots, which the parent's workers are writing or the parent still holds."""
     tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", CHILD_SCRIPT.format(tests=tests)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD_SCRIPT.format(tests=tests)], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout + proc.stderr

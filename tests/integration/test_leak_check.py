@@ -17,7 +17,7 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent.parent
 ROOT = TESTS.parent
 
-LEAKY = '''
+LEAKY = """
 import os, subprocess, sys, threading
 
 import numpy as np
@@ -98,9 +98,9 @@ def test_failing_test_is_reported_once():
 
 def test_with_no_leaks_fixture(no_leaks):
     assert no_leaks is not None
-'''
+"""
 
-OTHER_TIER = '''
+OTHER_TIER = """
 import threading
 
 import pytest
@@ -127,7 +127,7 @@ def test_no_leaks_gives_the_snapshot(no_leaks):
     stop = threading.Event()
     kept.append(stop)
     threading.Thread(target=stop.wait, name="opted-in-thread", daemon=True).start()
-'''
+"""
 
 
 def outcomes(junit: Path) -> dict[str, list[str]]:
@@ -154,8 +154,19 @@ def test_the_leak_check_fails_what_leaks_and_names_it(tmp_path: Path) -> None:
     try:
         run = subprocess.run(
             [
-                sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--leak-settle=0.3",
-                "-o", "timeout=60", "-o", "timeout_method=thread", f"--junitxml={junit}", str(suite),
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                "--leak-settle=0.3",
+                "-o",
+                "timeout=60",
+                "-o",
+                "timeout_method=thread",
+                f"--junitxml={junit}",
+                str(suite),
             ],
             cwd=suite,
             env=dict(os.environ, LEAKY_SHM_NAME=shm_name, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "src")])),

@@ -358,7 +358,10 @@ def test_progress_draws_one_bar_per_epoch_from_the_main_process(tmp_path, method
     script = tmp_path / "progress_child.py"
     script.write_text(PROGRESS_CHILD)
     done = subprocess.run(
-        [sys.executable, str(script), method], capture_output=True, text=True, timeout=60,
+        [sys.executable, str(script), method],
+        capture_output=True,
+        text=True,
+        timeout=60,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     assert done.returncode == 0, done.stderr
@@ -368,4 +371,8 @@ def test_progress_draws_one_bar_per_epoch_from_the_main_process(tmp_path, method
     assert epochs == {"epoch 0", "epoch 1"}, done.stderr
     assert all("samples/s" in line and "readiness" in line for line in final), final
     # no bar was started by a worker: every bar line belongs to one of the two epochs
-    assert all(line.startswith(("epoch 0", "epoch 1")) for line in done.stderr.replace("\r", "\n").splitlines() if "batch" in line)
+    assert all(
+        line.startswith(("epoch 0", "epoch 1"))
+        for line in done.stderr.replace("\r", "\n").splitlines()
+        if "batch" in line
+    )

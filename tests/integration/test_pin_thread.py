@@ -163,8 +163,9 @@ def test_workers_fork_before_the_pin_thread_starts(pin_double, forks) -> None:
 def test_auto_moves_the_epoch_to_workers_forked_before_the_pin_thread(pin_double, forks, monkeypatch) -> None:
     monkeypatch.setattr(auto.Head, "done", lambda self: len(self.times) >= 2)
     monkeypatch.setattr(auto.Head, "decide", lambda self: auto.Choice(2, 2, "num_workers=2 (the test's)"))
-    loader = stoker.DataLoader(Range(), batch_size=2, num_workers="auto", pin_memory=True,
-                               multiprocessing_context="fork")
+    loader = stoker.DataLoader(
+        Range(), batch_size=2, num_workers="auto", pin_memory=True, multiprocessing_context="fork"
+    )
     got = list(loader)
     assert all(isinstance(b, tuple) and b[0] == "pinned" for b in got)  # also the batch at the move
     assert [int(b[0, 0]) for _, b in got] == list(range(0, 40, 2)) and loader.num_workers == 2
@@ -232,7 +233,10 @@ def test_ctrl_c_while_waiting_on_the_pin_thread_keeps_the_batch(then: str) -> No
     env = dict(os.environ, PYTHONPATH=str(SRC))
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(CTRL_C), then],
-        env=env, capture_output=True, text=True, timeout=60,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -36,8 +36,20 @@ def _run_world(world: int, mode: str, out: Path, **env: str) -> list[int]:
     """Run `world` ranks of rank_main.py in a loopback-only namespace; their exit codes (a
     rank that exits otherwise than 0 or by SIGKILL fails the test with its output)."""
     run_env = dict(os.environ, RANK_TEST_N=str(N), PYTHONPATH=os.pathsep.join(sys.path), **env)
-    command = ["unshare", "-n", "--", "sh", "-c", LOOPBACK_UP,
-               sys.executable, str(SCRIPT), "world", str(world), mode, str(out)]
+    command = [
+        "unshare",
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        LOOPBACK_UP,
+        sys.executable,
+        str(SCRIPT),
+        "world",
+        str(world),
+        mode,
+        str(out),
+    ]
     try:
         launched = subprocess.run(command, env=run_env, capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -150,8 +162,7 @@ def test_two_ranks_killed_then_resumed_by_two_and_by_three(tmp_path: Path) -> No
     # (rank 0's here): the samples no old rank consumed, split over the new ranks
     for new_world, state_from in ((2, "own"), (3, "0")):
         name = f"resumed-by-{new_world}-"
-        _run_world(new_world, "resume", tmp_path, STATE_FROM=state_from, RESUMED_AS=name,
-                   RANK_TEST_OUT=str(tmp_path))
+        _run_world(new_world, "resume", tmp_path, STATE_FROM=state_from, RESUMED_AS=name, RANK_TEST_OUT=str(tmp_path))
         rest = [[s["i"] for s in r["samples"]] for r in _read(tmp_path, name, new_world)]
         assert sorted(consumed + [i for part in rest for i in part]) == list(range(N)), new_world
         assert all(len(part) == (N - len(consumed)) // new_world for part in rest)
@@ -163,12 +174,29 @@ def test_the_documented_torchrun_example_runs(tmp_path: Path) -> None:
     repo = SCRIPT.parents[2]
     page = (repo / "docs" / "guide" / "ranks-and-ray.md").read_text()
     assert "torchrun --standalone --nproc-per-node=2 examples/ranks.py\n" in page
-    command = ["unshare", "-n", "--", "sh", "-c", LOOPBACK_UP,
-               sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               "examples/ranks.py"]
+    command = [
+        "unshare",
+        "-n",
+        "--",
+        "sh",
+        "-c",
+        LOOPBACK_UP,
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "examples/ranks.py",
+    ]
     try:
-        done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=TIMEOUT_S,
-                              env=dict(os.environ, RANK_TEST_OUT=str(tmp_path)))
+        done = subprocess.run(
+            command,
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+            env=dict(os.environ, RANK_TEST_OUT=str(tmp_path)),
+        )
     except subprocess.TimeoutExpired:
         _kill_left(tmp_path)
         pytest.fail(f"examples/ranks.py did not finish in {TIMEOUT_S} s")

@@ -30,9 +30,7 @@ class Numbers(stoker.Dataset):
 def test_process_workers_resume_exactly_with_other_worker_counts(start_method: str, persistent: bool) -> None:
     def make_loader(num_workers: int = 2):
         kwargs = {"multiprocessing_context": start_method, "persistent_workers": persistent} if num_workers else {}
-        return stoker.DataLoader(
-            Numbers(), batch_size=3, shuffle=True, generator=17, num_workers=num_workers, **kwargs
-        )
+        return stoker.DataLoader(Numbers(), batch_size=3, shuffle=True, generator=17, num_workers=num_workers, **kwargs)
 
     # 10 batches an epoch: inside the first epoch, at its very end, inside the second
     assert_resumes_identically(make_loader, steps=[4, 10, 13], worker_counts=[0, 1, 2], epochs=2)
@@ -41,8 +39,13 @@ def test_process_workers_resume_exactly_with_other_worker_counts(start_method: s
 def test_thread_workers_and_rollover_resume_exactly() -> None:
     def make_loader(num_workers: int = 2):
         return stoker.DataLoader(
-            Numbers(), batch_size=4, shuffle=True, generator=3, last_batch="rollover",
-            num_workers=num_workers, thread_pool=num_workers > 0,
+            Numbers(),
+            batch_size=4,
+            shuffle=True,
+            generator=3,
+            last_batch="rollover",
+            num_workers=num_workers,
+            thread_pool=num_workers > 0,
         )
 
     assert_resumes_identically(make_loader, steps=[0, 3, 7, 8, 12], worker_counts=[0, 2], epochs=3)
@@ -57,8 +60,12 @@ def test_prefetched_next_epoch_of_persistent_workers_is_replayed() -> None:
     def make_loader(num_workers: int = 2):
         np.random.set_state(start)  # each run from the same global RNG state
         return stoker.DataLoader(
-            Numbers(12), batch_size=2, shuffle=True, num_workers=num_workers,
-            persistent_workers=num_workers > 0, prefetch_factor=4 if num_workers else None,
+            Numbers(12),
+            batch_size=2,
+            shuffle=True,
+            num_workers=num_workers,
+            persistent_workers=num_workers > 0,
+            prefetch_factor=4 if num_workers else None,
             auto_reload=num_workers > 0,
         )
 
@@ -104,7 +111,9 @@ def test_a_state_file_from_one_process_resumes_in_another_under_spawn(tmp_path) 
     state = tmp_path / "state.json"
 
     def child(mode: str) -> list:
-        out = subprocess.run([sys.executable, str(script), mode, str(state)], capture_output=True, text=True, timeout=90)
+        out = subprocess.run(
+            [sys.executable, str(script), mode, str(state)], capture_output=True, text=True, timeout=90
+        )
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout.strip().splitlines()[-1])
 

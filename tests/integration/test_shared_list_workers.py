@@ -70,4 +70,3 @@ def test_shared_list_through_workers(method: str) -> None:
     assert pids and os.getpid() not in pids
     # fork workers inherit the arrays; spawn and forkserver ones map the shared copies
     assert mapped == {method != "fork"}
-

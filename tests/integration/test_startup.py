@@ -110,8 +110,9 @@ def test_forkserver_workers_find_the_main_scripts_imports_already_imported(tmp_p
         "    return 1\n"
     )
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(
-        """
+    script.write_text(
+        textwrap.dedent(
+            """
         import json, os
         import stoker
         from heavy import helper  # a function imported from the module is enough
@@ -122,7 +123,8 @@ def test_forkserver_workers_find_the_main_scripts_imports_already_imported(tmp_p
             batches = [b.tolist() for b in loader]
             print(json.dumps({"main": os.getpid(), "batches": len(batches)}))
         """
-    ))
+        )
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "src")]))
     done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -174,8 +176,9 @@ def test_a_preload_module_that_raises_is_skipped_with_one_warning_and_workers_st
     )
     (tmp_path / "named.py").write_text(NAMED)
     script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(
-        """
+    script.write_text(
+        textwrap.dedent(
+            """
         import json
         import exits_once
         import raises_once
@@ -187,7 +190,8 @@ def test_a_preload_module_that_raises_is_skipped_with_one_warning_and_workers_st
             loader = stoker.DataLoader(Named(), batch_size=4, num_workers=2, multiprocessing_context="forkserver")
             print(json.dumps({"batches": [b.tolist() for b in loader]}))
         """
-    ))
+        )
+    )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT / "src")]))
     done = subprocess.run(
         [sys.executable, str(script), "--name", "lucky"], env=env, capture_output=True, text=True, timeout=120
@@ -233,8 +237,12 @@ def test_prepare_forkserver_adds_the_dataset_and_collate_modules_once(monkeypatc
     prepare_forkserver(data, stoker.default_collate)
     # the user's entries, then the guard that imports the rest under this process's argv
     expected = [
-        "__main__", GUARD, ARGV_PREFIX + json.dumps(sys.argv),
-        *WORKER_MODULES, "stoker._data.datasets", "stoker._data.collate",
+        "__main__",
+        GUARD,
+        ARGV_PREFIX + json.dumps(sys.argv),
+        *WORKER_MODULES,
+        "stoker._data.datasets",
+        "stoker._data.collate",
     ]
     assert fresh._preload_modules == expected
     prepare_forkserver(data, stoker.default_collate)  # idempotent

@@ -107,8 +107,10 @@ def test_a_state_dict_that_needs_arguments_is_the_datasets_own(engine: str) -> N
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize(
     ("dataset", "reason"),
-    [(Raising, r"its state_dict\(\) raised RuntimeError: position unknown while streaming"),
-     (SetState, r"its state_dict\(\) returned a value that is not plain JSON \(.*set")],
+    [
+        (Raising, r"its state_dict\(\) raised RuntimeError: position unknown while streaming"),
+        (SetState, r"its state_dict\(\) returned a value that is not plain JSON \(.*set"),
+    ],
     ids=["raises", "not-json"],
 )
 def test_a_state_that_cannot_be_saved_leaves_the_epoch_whole_and_says_why(

@@ -90,7 +90,9 @@ def _webdataset(root: Path) -> Callable[[], Any]:
             for i in range(shard * N // SHARDS, (shard + 1) * N // SHARDS):
                 writer.write({"__key__": f"{i:04d}", "index.cls": i, "x.npy": np.full(3, i, dtype=np.float32)})
         urls.append(url)
-    return lambda: wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode().rename(index="index.cls", x="x.npy")
+    return lambda: (
+        wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode().rename(index="index.cls", x="x.npy")
+    )
 
 
 LIBRARIES = {"litdata": _litdata, "huggingface": _huggingface, "webdataset": _webdataset}
@@ -139,11 +141,7 @@ def _torchs(library: str, make: Callable[[], Any], case: Case) -> list[list[list
     return _REFERENCES[key]
 
 
-PARAMS = [
-    pytest.param(library, case, id=f"{library}-{case}")
-    for library in sorted(LIBRARIES)
-    for case in CASES
-]
+PARAMS = [pytest.param(library, case, id=f"{library}-{case}") for library in sorted(LIBRARIES) for case in CASES]
 
 
 @pytest.mark.timeout(60)

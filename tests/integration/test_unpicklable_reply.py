@@ -31,8 +31,9 @@ def slot_fds_and_maps(pid: int) -> tuple[int, int]:
 
 
 def test_a_reply_that_fails_to_pickle_returns_its_slot() -> None:
-    loader = stoker.DataLoader(Rows(), batch_size=4, num_workers=1, persistent_workers=True,
-                               multiprocessing_context="fork", collate_fn=collate)
+    loader = stoker.DataLoader(
+        Rows(), batch_size=4, num_workers=1, persistent_workers=True, multiprocessing_context="fork", collate_fn=collate
+    )
     for _ in range(2):
         delivered, failed = [], 0
         it = iter(loader)
@@ -49,5 +50,3 @@ def test_a_reply_that_fails_to_pickle_returns_its_slot() -> None:
         assert fds == 0, "the worker kept the descriptor of a slot it made for the failed batch"
         assert maps <= len(loader._arena.slots.maps), "the worker maps a slot the loader never saw"
     del it, loader
-
-

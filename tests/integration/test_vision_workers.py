@@ -34,8 +34,12 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def loader(root: Path, num_workers: int = 0, seed: int = 41, **kwargs: Any) -> DataLoader:
     dataset = ImageFolder(root, transform=DecodeCrop(48))
     return DataLoader(
-        dataset, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(seed),
-        num_workers=num_workers, **kwargs,
+        dataset,
+        batch_size=4,
+        shuffle=True,
+        generator=torch.Generator().manual_seed(seed),
+        num_workers=num_workers,
+        **kwargs,
     )
 
 

@@ -146,9 +146,7 @@ def test_worker_info_seeds_and_reproducibility(engine: str, generator: str) -> N
         draws = [(s["np"], s["py"]) for e in first for s in e]
         assert draws == [(s["np"], s["py"]) for e in again for s in e], "a seeded run must reproduce"
         for rng in ("np", "py"):
-            per = {
-                (epoch, w): [s[rng] for s in first[epoch] if s["worker"] == w] for epoch in (0, 1) for w in (0, 1)
-            }
+            per = {(epoch, w): [s[rng] for s in first[epoch] if s["worker"] == w] for epoch in (0, 1) for w in (0, 1)}
             assert per[0, 0] != per[0, 1], f"workers must not share {rng} random streams"
             assert per[0, 0] != per[1, 0] and per[0, 1] != per[1, 1], f"{rng} draws must change between epochs"
             assert len({d for e in first for s in e for d in [s[rng]]}) == 32, f"repeated {rng} draws"
@@ -187,7 +185,10 @@ def test_worker_seeds_match_torch_for_the_same_generator() -> None:
 
     def run(module) -> list:
         loader = module.DataLoader(
-            TorchDraws(), batch_size=None, num_workers=2, generator=torch.Generator().manual_seed(7),
+            TorchDraws(),
+            batch_size=None,
+            num_workers=2,
+            generator=torch.Generator().manual_seed(7),
             multiprocessing_context="fork",
         )
         return [[(s["seed"], s["py"], s["torch"]) for s in loader] for _ in range(2)]
@@ -235,8 +236,12 @@ def append_init(worker_id: int) -> None:
 def test_worker_init_fn_runs_once_per_worker(engine: str, persistent: bool, tmp_path) -> None:
     path = str(tmp_path / "inits")
     loader = DataLoader(
-        InitRecorder(path), batch_size=2, num_workers=2, worker_init_fn=append_init,
-        persistent_workers=persistent, **engine_kwargs(engine)
+        InitRecorder(path),
+        batch_size=2,
+        num_workers=2,
+        worker_init_fn=append_init,
+        persistent_workers=persistent,
+        **engine_kwargs(engine),
     )
     for _ in range(3):
         assert [b.tolist() for b in loader] == [[0, 1], [2, 3], [4, 5], [6, 7]]
@@ -267,8 +272,13 @@ def test_prefetch_factor_bounds_work_done_ahead(engine: str, prefetch_factor: in
     counter = multiprocessing.get_context("spawn" if engine == "spawn" else "fork").Value("i", 0)
     before = Snapshot()  # after the counter: multiprocessing keeps its heap's fd open
     batch_size, workers = 2, 2
-    loader = DataLoader(Counted(counter), batch_size=batch_size, num_workers=workers,
-                        prefetch_factor=prefetch_factor, **engine_kwargs(engine))
+    loader = DataLoader(
+        Counted(counter),
+        batch_size=batch_size,
+        num_workers=workers,
+        prefetch_factor=prefetch_factor,
+        **engine_kwargs(engine),
+    )
     window = prefetch_factor * workers * batch_size
 
     def settled(at_least: int) -> int:
@@ -422,6 +432,7 @@ class RaisesLocalError(Dataset):
 
     def __getitem__(self, i: int) -> int:
         if i == 5:
+
             class LocalError(Exception):
                 pass
 
@@ -467,8 +478,13 @@ def test_shuffled_epochs_with_workers_equal_torchs(engine: str, persistent: bool
 
     def run(module, **extra) -> list:
         loader = module.DataLoader(
-            Plain(), batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(3), num_workers=2,
-            persistent_workers=persistent, **extra
+            Plain(),
+            batch_size=4,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(3),
+            num_workers=2,
+            persistent_workers=persistent,
+            **extra,
         )
         return [[b.tolist() for b in loader] for _ in range(3)]
 

@@ -52,8 +52,7 @@ def build(schedule: list[tuple[int, list[float]]] = SCHEDULE) -> Any:
 
     rng = np.random.default_rng(0)
     sources = [
-        TokenDataset.from_documents([rng.integers(1, 30000, rng.integers(5, 700)) for _ in range(n)])
-        for n in SIZES
+        TokenDataset.from_documents([rng.integers(1, 30000, rng.integers(5, 700)) for _ in range(n)]) for n in SIZES
     ]
     mix = MixedDataset(sources, schedule, weigh="tokens", seed=SEED)
     return PackedDataset(mix, seq_len=SEQ_LEN, window_size=WINDOW, method="best_fit")
@@ -80,8 +79,9 @@ def rank(mode: str, out: Path) -> None:
     rows = build()
     sampler = StreamSampler(rows, drop_last=True)  # world and rank from torch.distributed
     assert (sampler.num_replicas, sampler.rank) == (ranks, me)
-    loader = st.DataLoader(rows, batch_size=BATCH, sampler=sampler, collate_fn=collate_packed,
-                           num_workers=WORLDS[mode][1])
+    loader = st.DataLoader(
+        rows, batch_size=BATCH, sampler=sampler, collate_fn=collate_packed, num_workers=WORLDS[mode][1]
+    )
     if mode.startswith("resumed"):
         loader.load_state_dict(json.loads((out / "state-0.json").read_text()))
     sampler.set_epoch(0)
@@ -110,8 +110,15 @@ def world(mode: str, out: Path) -> list[int]:
         port = str(s.getsockname()[1])
     procs = []
     for r in range(ranks):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(ranks), LOCAL_WORLD_SIZE=str(ranks),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        env = dict(
+            os.environ,
+            RANK=str(r),
+            LOCAL_RANK=str(r),
+            WORLD_SIZE=str(ranks),
+            LOCAL_WORLD_SIZE=str(ranks),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+        )
         procs.append(subprocess.Popen([sys.executable, __file__, "rank", mode, str(out)], env=env))
     deadline = time.monotonic() + TIMEOUT_S
     try:

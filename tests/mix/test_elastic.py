@@ -54,8 +54,9 @@ def test_killed_on_4_ranks_resumed_on_2_and_on_1_continues_the_packed_rows(tmp_p
     from tests.support.namespaces import run_in_namespace
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    run_in_namespace([str(SCRIPT), str(tmp_path)], tmp_path, env, 270, "the mixed-and-packed resume scenario",
-                     grace_s=10)
+    run_in_namespace(
+        [str(SCRIPT), str(tmp_path)], tmp_path, env, 270, "the mixed-and-packed resume scenario", grace_s=10
+    )
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["codes"] == {"reference": [0] * 4, "killed": [-9] * 4, "resumed-2": [0] * 2, "resumed-1": [0]}
 
@@ -85,10 +86,12 @@ def test_killed_on_4_ranks_resumed_on_2_and_on_1_continues_the_packed_rows(tmp_p
     import stoker.torch as st
 
     rows_other = build([SCHEDULE[0], (350, SCHEDULE[1][1]), SCHEDULE[2]])
-    loader = st.DataLoader(rows_other, batch_size=BATCH, sampler=StreamSampler(rows_other, 1, 0, drop_last=True),
-                           collate_fn=collate_packed)
-    with pytest.raises(ValueError, match=re.escape("stream.mix.schedule_starts: saved [0, 300, 600], "
-                                                   "this loader [0, 350, 600]")):
+    loader = st.DataLoader(
+        rows_other, batch_size=BATCH, sampler=StreamSampler(rows_other, 1, 0, drop_last=True), collate_fn=collate_packed
+    )
+    with pytest.raises(
+        ValueError, match=re.escape("stream.mix.schedule_starts: saved [0, 300, 600], this loader [0, 350, 600]")
+    ):
         loader.load_state_dict(state)
 
 
@@ -102,8 +105,10 @@ def loader_over(schedule: list[tuple[int, list[float]]] = SCHEDULE) -> stoker.Da
 
 
 def row_prints(batch: dict[str, Any]) -> list[str]:
-    return [fingerprint({k: v[i] for k, v in batch.items() if k != "cu_seqlens" and k != "max_seqlen"})
-            for i in range(len(batch["input_ids"]))]
+    return [
+        fingerprint({k: v[i] for k, v in batch.items() if k != "cu_seqlens" and k != "max_seqlen"})
+        for i in range(len(batch["input_ids"]))
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -120,11 +125,15 @@ def saved_state() -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("schedule", "message"),
     [
-        ([SCHEDULE[0], (350, SCHEDULE[1][1]), SCHEDULE[2]],
-         "stream.mix.schedule_starts: saved [0, 300, 600], this loader [0, 350, 600]"),
-        ([SCHEDULE[0], (300, [0.2, 0.4, 0.4]), SCHEDULE[2]],
-         "stream.mix.weights: saved [[0.5, 0.3, 0.2], [0.2, 0.3, 0.5], [0.3, 0.4, 0.3]], "
-         "this loader [[0.5, 0.3, 0.2], [0.2, 0.4, 0.4], [0.3, 0.4, 0.3]]"),
+        (
+            [SCHEDULE[0], (350, SCHEDULE[1][1]), SCHEDULE[2]],
+            "stream.mix.schedule_starts: saved [0, 300, 600], this loader [0, 350, 600]",
+        ),
+        (
+            [SCHEDULE[0], (300, [0.2, 0.4, 0.4]), SCHEDULE[2]],
+            "stream.mix.weights: saved [[0.5, 0.3, 0.2], [0.2, 0.3, 0.5], [0.3, 0.4, 0.3]], "
+            "this loader [[0.5, 0.3, 0.2], [0.2, 0.4, 0.4], [0.3, 0.4, 0.3]]",
+        ),
         (SCHEDULE[:2], "stream.mix.schedule_starts: saved [0, 300, 600], this loader [0, 300]"),
     ],
     ids=["second-start", "second-weights", "one-piece-fewer"],
@@ -133,8 +142,11 @@ def test_a_state_of_another_mix_is_refused_naming_the_key(
     saved_state: dict[str, Any], schedule: list[tuple[int, list[float]]], message: str
 ) -> None:
     other = loader_over(schedule)
-    with pytest.raises(ValueError, match=r"^this DataLoader state comes from another configuration and was not "
-                                         r"applied; .*" + re.escape(message)):
+    with pytest.raises(
+        ValueError,
+        match=r"^this DataLoader state comes from another configuration and was not "
+        r"applied; .*" + re.escape(message),
+    ):
         other.load_state_dict(saved_state)
     # nothing was applied: the other loader starts at its beginning
     assert row_prints(next(iter(other))) == [fingerprint(other.dataset[g]) for g in range(BATCH)]

@@ -134,7 +134,9 @@ def test_a_lengths_array_shorter_than_a_document_raises_naming_it() -> None:
     data.lengths[3] = 2  # document 3 really has 7 tokens
     packed = PackedDataset(data, seq_len=8, window_size=4, window_unit="documents")
     row = next(g for g in range(len(packed)) if any(p == 3 for p, _, _ in packed.pieces(g)))
-    with pytest.raises(ValueError, match=r"document 3 of the dataset has 7 tokens, but its dataset's `lengths` gives 2"):
+    with pytest.raises(
+        ValueError, match=r"document 3 of the dataset has 7 tokens, but its dataset's `lengths` gives 2"
+    ):
         packed[row]
     # through a mix: the message names the mix position, the source and the sample
     mix = MixedDataset([TokenDataset.from_documents(docs), data], [1, 1], seed=1)
@@ -142,7 +144,8 @@ def test_a_lengths_array_shorter_than_a_document_raises_naming_it() -> None:
     position = next(p for p in range(len(mix)) if mix.source_at(p) == (1, 3))
     row = next(g for g in range(len(packed)) if any(p == position for p, _, _ in packed.pieces(g)))
     with pytest.raises(
-        ValueError, match=rf"mix position {position} \(source 1, sample 3\) has 7 tokens, but its dataset's `lengths` gives 2"
+        ValueError,
+        match=rf"mix position {position} \(source 1, sample 3\) has 7 tokens, but its dataset's `lengths` gives 2",
     ):
         packed[row]
 
@@ -153,5 +156,7 @@ def test_a_lengths_array_longer_than_a_document_raises_naming_it() -> None:
     data.lengths[2] = 6  # document 2 really has 3 tokens
     packed = PackedDataset(data, seq_len=8, window_size=4, window_unit="documents")
     row = next(g for g in range(len(packed)) if any(p == 2 for p, _, _ in packed.pieces(g)))
-    with pytest.raises(ValueError, match=r"document 2 of the dataset has 3 tokens, but its dataset's `lengths` gives 6"):
+    with pytest.raises(
+        ValueError, match=r"document 2 of the dataset has 3 tokens, but its dataset's `lengths` gives 6"
+    ):
         packed[row]

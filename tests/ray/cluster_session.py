@@ -87,9 +87,7 @@ def scenario_exact() -> dict[str, Any]:
 def scenario_ranks() -> dict[str, Any]:
     out = {}
     for rank in range(2):
-        loader = sray.DataLoader(
-            Indexed(50), batch_size=4, shuffle=True, seed=7, rank=rank, world_size=2, read_tasks=3
-        )
+        loader = sray.DataLoader(Indexed(50), batch_size=4, shuffle=True, seed=7, rank=rank, world_size=2, read_tasks=3)
         epochs = []
         for epoch in range(2):
             loader.set_epoch(epoch)
@@ -169,8 +167,11 @@ def scenario_failing() -> dict[str, Any]:
     try:
         list(loader)
     except Exception as exc:
-        return {"type": type(exc).__module__ + "." + type(exc).__name__, "message": str(exc),
-                "exc_type": getattr(exc, "exc_type", None)}
+        return {
+            "type": type(exc).__module__ + "." + type(exc).__name__,
+            "message": str(exc),
+            "exc_type": getattr(exc, "exc_type", None),
+        }
     return {"type": None}
 
 
@@ -217,8 +218,7 @@ def scenario_split() -> dict[str, Any]:
         refused = None
     except ValueError as exc:
         refused = str(exc)
-    return {"splits": [got[0], got[1]], "errors": errors, "alive": [t.is_alive() for t in threads],
-            "refused": refused}
+    return {"splits": [got[0], got[1]], "errors": errors, "alive": [t.is_alive() for t in threads], "refused": refused}
 
 
 def ray_processes(temp_dir: str) -> list[str]:
@@ -245,8 +245,11 @@ def scenario_example(address: str) -> dict[str, Any]:
 
     example = Path(__file__).resolve().parents[2] / "examples" / "ray_resume.py"
     done = subprocess.run(
-        [sys.executable, str(example)], env=dict(os.environ, RAY_ADDRESS=address),
-        capture_output=True, text=True, timeout=90,
+        [sys.executable, str(example)],
+        env=dict(os.environ, RAY_ADDRESS=address),
+        capture_output=True,
+        text=True,
+        timeout=90,
     )
     return {"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr[-4000:]}
 

@@ -56,7 +56,9 @@ def namespace_missing() -> str | None:
     try:
         done = subprocess.run(
             [*NAMESPACE, "sh", "-c", "ip link set lo up && ip -o link show"],
-            capture_output=True, text=True, timeout=20,
+            capture_output=True,
+            text=True,
+            timeout=20,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"cannot make a network namespace: {exc}"
@@ -89,8 +91,15 @@ def run_cluster_session(scenarios: str | None = None) -> tuple[dict[str, Any], s
     if scenarios:
         env["STOKER_RAY_SCENARIOS"] = scenarios
     command = [
-        *NAMESPACE, "sh", "-c", 'ip link set lo up && exec "$0" "$@"',
-        sys.executable, str(HERE / "cluster_session.py"), str(out), temp_dir, elsewhere,
+        *NAMESPACE,
+        "sh",
+        "-c",
+        'ip link set lo up && exec "$0" "$@"',
+        sys.executable,
+        str(HERE / "cluster_session.py"),
+        str(out),
+        temp_dir,
+        elsewhere,
     ]
     proc = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True

@@ -63,9 +63,7 @@ def test_samples_come_back_as_the_very_objects(scenario):
 @pytest.mark.scenario("ranks")
 def test_each_rank_reads_its_sampler_shard(scenario):
     for rank in range(2):
-        want = [
-            sampler_batches(50, 4, shuffle=True, seed=7, epoch=epoch, rank=rank, world=2) for epoch in range(2)
-        ]
+        want = [sampler_batches(50, 4, shuffle=True, seed=7, epoch=epoch, rank=rank, world=2) for epoch in range(2)]
         assert scenario[str(rank)]["epochs"] == want
         assert scenario[str(rank)]["len"] == len(want[1])
     assert scenario["0"]["epochs"][0] != scenario["0"]["epochs"][1]  # set_epoch reshuffles

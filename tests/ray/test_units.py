@@ -68,7 +68,9 @@ def test_read_task_count_rule():
             sray.read_task_count(10, 2, requested=bad_type)
 
 
-@pytest.mark.parametrize("n, batch, world, drop_last", [(50, 4, 2, False), (45, 3, 3, True), (7, 4, 4, False), (10, 3, 1, True)])
+@pytest.mark.parametrize(
+    "n, batch, world, drop_last", [(50, 4, 2, False), (45, 3, 3, True), (7, 4, 4, False), (10, 3, 1, True)]
+)
 def test_rank_batches_are_the_samplers(n, batch, world, drop_last):
     for rank in range(world):
         for shuffle in (False, True):
@@ -181,7 +183,11 @@ def test_import_stoker_never_imports_ray():
         "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.')))\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"}
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
@@ -256,6 +262,8 @@ def test_torch_batches_cross_out_of_band_and_come_back_as_tensors():
     assert_same(got, batch)
     got["image"][0, 0] = -1  # writable, and its own memory
     assert int(batch["image"][0, 0]) == 0
+
+
 def test_seed_none_is_the_default_seed_and_communicates_nothing():
     one = sray.DataLoader(Indexed(8), batch_size=2)
     assert one.seed == 0 == sray.DataLoader(Indexed(8), batch_size=2, seed=None).seed

@@ -89,9 +89,7 @@ def hammer(job: dict[str, Any], cache: ShardCache) -> dict[str, Any]:
                 except FileNotFoundError:
                     continue
 
-    threads = [
-        threading.Thread(target=loop, args=(job["seed"] * 100 + i,)) for i in range(job["threads"])
-    ]
+    threads = [threading.Thread(target=loop, args=(job["seed"] * 100 + i,)) for i in range(job["threads"])]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -76,8 +76,15 @@ def world(mode: str, ranks: int, out: Path, env: dict[str, str]) -> list[int]:
         port = str(s.getsockname()[1])
     procs = []
     for r in range(ranks):
-        rank_env = dict(env, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(ranks), LOCAL_WORLD_SIZE=str(ranks),
-                        MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        rank_env = dict(
+            env,
+            RANK=str(r),
+            LOCAL_RANK=str(r),
+            WORLD_SIZE=str(ranks),
+            LOCAL_WORLD_SIZE=str(ranks),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+        )
         procs.append(subprocess.Popen([sys.executable, __file__, "rank", mode, str(out)], env=rank_env))
     codes = []
     deadline = time.monotonic() + TIMEOUT_S
@@ -132,8 +139,9 @@ def scenario(out: Path) -> None:
         }
         stop.set()
         watcher.join()
-        (out / "report.json").write_text(json.dumps({"codes": codes, "peak": peak[0], "cap": cap,
-                                                     "shards": len(sizes), "dataset_bytes": sum(sizes)}))
+        (out / "report.json").write_text(
+            json.dumps({"codes": codes, "peak": peak[0], "cap": cap, "shards": len(sizes), "dataset_bytes": sum(sizes)})
+        )
 
 
 if __name__ == "__main__":

@@ -158,8 +158,14 @@ def test_cap_never_exceeded_by_four_processes(tmp_path):
         children = [
             start(
                 dict(
-                    job="hammer", dir=str(directory), cap=cap, shards=shards, seconds=3.0, threads=3,
-                    seed=seed, log=str(tmp_path / "log"),
+                    job="hammer",
+                    dir=str(directory),
+                    cap=cap,
+                    shards=shards,
+                    seconds=3.0,
+                    threads=3,
+                    seed=seed,
+                    log=str(tmp_path / "log"),
                 )
             )
             for seed in range(4)
@@ -204,8 +210,7 @@ def test_threads_of_one_process_download_a_shard_once(tmp_path):
 
     paths: list[str] = []
     threads = [
-        threading.Thread(target=lambda: paths.append(cache.get("t", 5000, sha("t", 5000), fetch)))
-        for _ in range(8)
+        threading.Thread(target=lambda: paths.append(cache.get("t", 5000, sha("t", 5000), fetch))) for _ in range(8)
     ]
     for thread in threads:
         thread.start()
@@ -217,7 +222,9 @@ def test_threads_of_one_process_download_a_shard_once(tmp_path):
 
 def test_killed_downloader_leaves_no_shard_and_the_next_get_downloads_afresh(tmp_path):
     directory, log, ready = tmp_path / "c", tmp_path / "log", tmp_path / "ready"
-    child = start(dict(job="stall", dir=str(directory), cap=100_000, name="k.tar", size=60_000, log=str(log), ready=str(ready)))
+    child = start(
+        dict(job="stall", dir=str(directory), cap=100_000, name="k.tar", size=60_000, log=str(log), ready=str(ready))
+    )
     wait_for(ready, child)
     assert len(files(directory, "tmp")) == 1
     assert measure_usage(str(directory)) == 60_000  # pre-sized: counted from the start
@@ -238,7 +245,17 @@ def test_killed_downloader_leaves_no_shard_and_the_next_get_downloads_afresh(tmp
 
 def test_a_killed_downloaders_room_is_reclaimed(tmp_path):
     directory, ready = tmp_path / "c", tmp_path / "ready"
-    child = start(dict(job="stall", dir=str(directory), cap=100_000, name="k.tar", size=80_000, log=str(tmp_path / "log"), ready=str(ready)))
+    child = start(
+        dict(
+            job="stall",
+            dir=str(directory),
+            cap=100_000,
+            name="k.tar",
+            size=80_000,
+            log=str(tmp_path / "log"),
+            ready=str(ready),
+        )
+    )
     wait_for(ready, child)
     cache = ShardCache(str(directory), 100_000, timeout_s=0.3)
     with pytest.raises(CacheFullError, match="80000 are downloads in progress"):
@@ -250,7 +267,11 @@ def test_a_killed_downloaders_room_is_reclaimed(tmp_path):
 
 def test_pinned_shards_are_never_evicted(tmp_path):
     directory, ready = tmp_path / "c", tmp_path / "ready"
-    child = start(dict(job="pin", dir=str(directory), cap=30_000, shards={"p": 10_000}, log=str(tmp_path / "log"), ready=str(ready)))
+    child = start(
+        dict(
+            job="pin", dir=str(directory), cap=30_000, shards={"p": 10_000}, log=str(tmp_path / "log"), ready=str(ready)
+        )
+    )
     try:
         wait_for(ready, child)
         cache = ShardCache(str(directory), 30_000, timeout_s=0.5)
@@ -315,7 +336,9 @@ def test_a_lease_pins_its_shard_and_leaves_the_spare_room_to_readers(tmp_path):
 def test_a_killed_leaseholders_leases_end_with_it(tmp_path):
     directory, ready = tmp_path / "c", tmp_path / "ready"
     shards = {"p": 10_000, "q": 10_000}
-    child = start(dict(job="lease", dir=str(directory), cap=30_000, shards=shards, log=str(tmp_path / "log"), ready=str(ready)))
+    child = start(
+        dict(job="lease", dir=str(directory), cap=30_000, shards=shards, log=str(tmp_path / "log"), ready=str(ready))
+    )
     try:
         wait_for(ready, child)
         cache = ShardCache(str(directory), 30_000, timeout_s=0.3)
@@ -392,7 +415,11 @@ def test_fetch_that_raises_leaves_nothing_and_releases_its_locks(tmp_path):
     assert caught.value is failure
     assert measure_usage(str(directory)) == 0 and files(directory, "tmp") == []
     # another process gets the shard at once: no lock was left behind
-    result = finish(start(dict(job="get", dir=str(directory), cap=10_000, name="f", size=1000, log=str(tmp_path / "log"), timeout_s=2)))
+    result = finish(
+        start(
+            dict(job="get", dir=str(directory), cap=10_000, name="f", size=1000, log=str(tmp_path / "log"), timeout_s=2)
+        )
+    )
     assert "error" not in result and result["downloads"] == 1
 
 
@@ -446,7 +473,9 @@ def test_bad_arguments_name_the_argument(tmp_path):
 
 def _pickled_child(blob: bytes, queue) -> None:
     cache = pickle.loads(blob)
-    queue.put((cache.directory, cache.cap_bytes, cache.pinned(), Path(cache.get("n", 10, None, Fetch("n", 10))).read_bytes()))
+    queue.put(
+        (cache.directory, cache.cap_bytes, cache.pinned(), Path(cache.get("n", 10, None, Fetch("n", 10))).read_bytes())
+    )
 
 
 def test_pickles_and_a_forked_child_holds_none_of_its_parents_pins(tmp_path):
@@ -507,7 +536,9 @@ def in_tmpfs(mount: Path, job: dict, options: str, then: str = "") -> tuple[dict
     own (the mount goes when the child does); `then` runs in the namespace after it."""
     mount.mkdir()
     job = dict(job, dir=f"{mount}/cache", log=f"{mount.parent}/{mount.name}.log")
-    script = f"mount -t tmpfs -o {options} tmpfs {mount} && {sys.executable} {CHILD} '{json.dumps(job)}' && echo END {then}"
+    script = (
+        f"mount -t tmpfs -o {options} tmpfs {mount} && {sys.executable} {CHILD} '{json.dumps(job)}' && echo END {then}"
+    )
     done = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     first, _, rest = done.stdout.partition("END")
@@ -545,7 +576,18 @@ def test_cap_holds_on_a_disk_exactly_the_caps_size(tmp_path):
     mount.mkdir()
     shards = {f"s{i:02d}": 4096 * (4 + i) for i in range(10)}
     jobs = [
-        json.dumps(dict(job="hammer", dir=f"{mount}/cache", cap=cap, shards=shards, seconds=2.0, threads=2, seed=seed, log=f"{tmp_path}/log"))
+        json.dumps(
+            dict(
+                job="hammer",
+                dir=f"{mount}/cache",
+                cap=cap,
+                shards=shards,
+                seconds=2.0,
+                threads=2,
+                seed=seed,
+                log=f"{tmp_path}/log",
+            )
+        )
         for seed in range(4)
     ]
     # the folder's layout is made first: four constructors racing four hammers that already

@@ -88,9 +88,7 @@ def shard_gets(proxy: FaultProxy) -> collections.Counter[str]:
     """How many times each shard was downloaded (GETs: the fsspec client, which a worker forked
     from a process that used obstore falls back to, also asks HEAD first)."""
     return collections.Counter(
-        path.rsplit("/", 1)[1]
-        for method, path, _ in proxy.log
-        if method == "GET" and path.endswith(".tar")
+        path.rsplit("/", 1)[1] for method, path, _ in proxy.log if method == "GET" and path.endswith(".tar")
     )
 
 
@@ -143,13 +141,9 @@ def test_torch_loader_collates_tensors_from_the_shards(s3_url: str, tmp_path: Pa
 
     write(s3_url)
     data = ShardedDataset(s3_url, cache_dir=str(tmp_path / "cache"))
-    loader = st.DataLoader(
-        data, batch_size=BATCH, sampler=ShardedSampler(data, shuffle=False), num_workers=2
-    )
+    loader = st.DataLoader(data, batch_size=BATCH, sampler=ShardedSampler(data, shuffle=False), num_workers=2)
     batches = list(loader)
-    assert all(
-        isinstance(b["cls"], torch.Tensor) and b["cls"].dtype == torch.int64 for b in batches
-    )
+    assert all(isinstance(b["cls"], torch.Tensor) and b["cls"].dtype == torch.int64 for b in batches)
     assert torch.cat([b["cls"] for b in batches]).tolist() == list(range(N))
 
 
@@ -169,9 +163,7 @@ def test_transient_faults_are_retried_and_the_epoch_completes(
 ) -> None:
     write(s3_url)
     proxy = fault_proxy(seed=3, **faults)
-    data = ShardedDataset(
-        s3_url, cache_dir=str(tmp_path / "cache"), storage_options={"endpoint_url": proxy.endpoint}
-    )
+    data = ShardedDataset(s3_url, cache_dir=str(tmp_path / "cache"), storage_options={"endpoint_url": proxy.endpoint})
     loader = DataLoader(
         data,
         batch_size=BATCH,
@@ -201,16 +193,12 @@ def run_child(s3_server: S3Server, url: str, tmp_path: Path, **spec: Any) -> dic
         env=env,
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, (
-        f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    )
+    assert proc.returncode == 0 and lines, f"child failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return json.loads(lines[-1][len("RESULT ") :])
 
 
 @pytest.mark.timeout(CHILD_TIMEOUT_S + 20)
-def test_hung_requests_time_out_and_are_retried(
-    s3_url: str, s3_server: S3Server, tmp_path: Path
-) -> None:
+def test_hung_requests_time_out_and_are_retried(s3_url: str, s3_server: S3Server, tmp_path: Path) -> None:
     write(s3_url)
     result = run_child(
         s3_server,
@@ -230,9 +218,7 @@ def test_a_store_that_always_fails_raises_naming_the_url_without_hanging(
     s3_url: str, s3_server: S3Server, tmp_path: Path
 ) -> None:
     write(s3_url)
-    result = run_child(
-        s3_server, s3_url, tmp_path, faults={"fail_fraction": 1.0}, store_retries=2, workers=2
-    )
+    result = run_child(s3_server, s3_url, tmp_path, faults={"fail_fraction": 1.0}, store_retries=2, workers=2)
     assert result["error"] is not None and result["ids"] == [], result
     message = result["message"]
     assert f"{s3_url}/shard-" in message and ".tar" in message, message
@@ -342,14 +328,10 @@ def test_a_cache_folder_that_cannot_be_made_is_an_error_at_construction(
     assert str(blocker) in str(caught.value)
 
 
-def test_a_cap_below_the_largest_shard_is_refused_at_construction(
-    s3_url: str, tmp_path: Path
-) -> None:
+def test_a_cap_below_the_largest_shard_is_refused_at_construction(s3_url: str, tmp_path: Path) -> None:
     index = write(s3_url)
     largest = max(s.size for s in index.shards)
-    with pytest.raises(
-        ValueError, match=f"cache_bytes={largest - 1} is smaller than the largest shard"
-    ):
+    with pytest.raises(ValueError, match=f"cache_bytes={largest - 1} is smaller than the largest shard"):
         ShardedDataset(s3_url, cache_dir=str(tmp_path / "cache"), cache_bytes=largest - 1)
     assert len(ShardedDataset(s3_url, cache_dir=str(tmp_path / "cache"), cache_bytes=largest)) == N
 
@@ -377,9 +359,7 @@ class KillOnce:
 def test_a_killed_worker_is_replaced_and_the_epoch_is_exact(s3_url: str, tmp_path: Path) -> None:
     write(s3_url)
     marker = tmp_path / "killed"
-    data = ShardedDataset(
-        s3_url, cache_dir=str(tmp_path / "cache"), transform=KillOnce(37, str(marker))
-    )
+    data = ShardedDataset(s3_url, cache_dir=str(tmp_path / "cache"), transform=KillOnce(37, str(marker)))
     sampler = ShardedSampler(data, seed=4, window_shards=2)
     loader = DataLoader(
         data,
@@ -413,9 +393,7 @@ def test_a_resume_on_another_worker_count_continues_exactly(s3_url: str, tmp_pat
     def loader(workers: int) -> Any:
         data = ShardedDataset(s3_url, cache_dir=cache, cache_bytes=cap)
         sampler = ShardedSampler(data, seed=9, window_shards=2)
-        return st.DataLoader(
-            data, batch_size=BATCH, sampler=sampler, num_workers=workers, timeout=30
-        )
+        return st.DataLoader(data, batch_size=BATCH, sampler=sampler, num_workers=workers, timeout=30)
 
     def as_ids(batches: Any) -> list[list[int]]:
         return [b["cls"].tolist() for b in batches]
@@ -445,9 +423,7 @@ PER_SHARD = 40  # samples a shard: a window is 20 batches, more than the 4 in fl
 
 
 def write_windows(url: str) -> Any:
-    index = write_shards(
-        [sample(i) for i in range(12 * PER_SHARD)], url, shard_bytes=PER_SHARD * 2048 - 1, workers=1
-    )
+    index = write_shards([sample(i) for i in range(12 * PER_SHARD)], url, shard_bytes=PER_SHARD * 2048 - 1, workers=1)
     assert len(index.shards) == 12 and {s.samples for s in index.shards} == {PER_SHARD}
     return index
 
@@ -476,8 +452,13 @@ def test_a_cache_of_two_windows_downloads_each_shard_once_per_epoch(
     )
     sampler = ShardedSampler(data, seed=3, window_shards=WINDOW)
     loader = DataLoader(
-        data, batch_size=8, sampler=sampler, num_workers=2, multiprocessing_context=method,
-        collate_fn=as_list, timeout=30,
+        data,
+        batch_size=8,
+        sampler=sampler,
+        num_workers=2,
+        multiprocessing_context=method,
+        collate_fn=as_list,
+        timeout=30,
     )
     for epoch in range(2):
         sampler.set_epoch(epoch)
@@ -503,13 +484,20 @@ def test_a_cap_smaller_than_a_window_still_reads_every_sample_once(
     # readers), the readers fetch the rest as they need them, evicting what nobody leases;
     # none waits for a lease to end
     data = ShardedDataset(
-        s3_url, cache_dir=str(tmp_path / "cache"), cache_bytes=3 * largest,
+        s3_url,
+        cache_dir=str(tmp_path / "cache"),
+        cache_bytes=3 * largest,
         storage_options={"endpoint_url": proxy.endpoint},
     )
     sampler = ShardedSampler(data, seed=3, window_shards=WINDOW)
     loader = DataLoader(
-        data, batch_size=8, sampler=sampler, num_workers=2, multiprocessing_context="fork",
-        collate_fn=as_list, timeout=60,
+        data,
+        batch_size=8,
+        sampler=sampler,
+        num_workers=2,
+        multiprocessing_context="fork",
+        collate_fn=as_list,
+        timeout=60,
     )
     ids = [s["cls"] for batch in loader for s in batch]
     assert ids == list(sampler)
@@ -545,8 +533,10 @@ def test_a_killed_ranks_leases_end_with_it(s3_url: str, tmp_path: Path) -> None:
     cache_dir, ready = str(tmp_path / "cache"), tmp_path / "ready"
     spec = {"url": s3_url, "cache_dir": cache_dir, "cap": cap, "stall_at": 2 * PER_SHARD - 5, "ready": str(ready)}
     rank = subprocess.Popen(
-        [sys.executable, "-c", _LEASING_RANK, json.dumps(spec)], start_new_session=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [sys.executable, "-c", _LEASING_RANK, json.dumps(spec)],
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 60

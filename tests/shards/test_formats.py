@@ -161,7 +161,9 @@ def test_altered_bytes_are_reported() -> None:
     bad[offsets[4] + 130] ^= 0x01  # inside sample 4's first header (its size field)
     with pytest.raises(CorruptShardError, match=r"bad\.tar, sample 4: .*checksum"):
         read_tar_sample(bytes(bad[offsets[4] : offsets[5]]), "bad.tar", 4)
-    with pytest.raises(CorruptShardError, match=r"bad\.tar, the header at byte \d+, following sample 3 \('000003'\): .*checksum"):
+    with pytest.raises(
+        CorruptShardError, match=r"bad\.tar, the header at byte \d+, following sample 3 \('000003'\): .*checksum"
+    ):
         list(iter_tar_samples(io.BytesIO(bytes(bad)), "bad.tar"))
 
 

@@ -33,9 +33,7 @@ def write(url: str, source: int) -> Any:
 
 
 def shard_gets(proxy: FaultProxy) -> collections.Counter[str]:
-    return collections.Counter(
-        path for method, path, _ in proxy.log if method == "GET" and path.endswith(".tar")
-    )
+    return collections.Counter(path for method, path, _ in proxy.log if method == "GET" and path.endswith(".tar"))
 
 
 @pytest.mark.timeout(120)
@@ -48,9 +46,12 @@ def test_sharded_sources_mix_in_windows_and_download_each_shard_once(
 
     def sources() -> list[ShardedDataset]:
         return [
-            ShardedDataset(f"{s3_url}/s{k}", cache_dir=str(tmp_path / f"cache{k}"),
-                           cache_bytes=sum(s.size for s in indexes[k].shards),
-                           storage_options={"endpoint_url": proxy.endpoint})
+            ShardedDataset(
+                f"{s3_url}/s{k}",
+                cache_dir=str(tmp_path / f"cache{k}"),
+                cache_bytes=sum(s.size for s in indexes[k].shards),
+                storage_options={"endpoint_url": proxy.endpoint},
+            )
             for k in range(2)
         ]
 
@@ -74,14 +75,23 @@ def test_sharded_sources_mix_in_windows_and_download_each_shard_once(
     # the loader's rows are the main process's, and every shard is downloaded once
     rows = PackedDataset(mix, seq_len=64, window_size=16)
     assert hasattr(type(rows), "stoker_upcoming")
-    loader = DataLoader(rows, batch_size=4, sampler=StreamSampler(rows), collate_fn=collate_packed,
-                        num_workers=2, timeout=30)
+    loader = DataLoader(
+        rows, batch_size=4, sampler=StreamSampler(rows), collate_fn=collate_packed, num_workers=2, timeout=30
+    )
     got = [r.tobytes() for batch in loader for r in batch["input_ids"]]
-    spawned = DataLoader(rows, batch_size=4, sampler=StreamSampler(rows), collate_fn=collate_packed,
-                         num_workers=1, multiprocessing_context="spawn", timeout=60)
+    spawned = DataLoader(
+        rows,
+        batch_size=4,
+        sampler=StreamSampler(rows),
+        collate_fn=collate_packed,
+        num_workers=1,
+        multiprocessing_context="spawn",
+        timeout=60,
+    )
     assert [r.tobytes() for batch in spawned for r in batch["input_ids"]] == got  # the mix pickles
-    fresh = PackedDataset(MixedDataset(sources(), [0.6, 0.4], field="tokens.npy", window_shards=2, seed=3),
-                          seq_len=64, window_size=16)
+    fresh = PackedDataset(
+        MixedDataset(sources(), [0.6, 0.4], field="tokens.npy", window_shards=2, seed=3), seq_len=64, window_size=16
+    )
     assert got == [fresh[g]["input_ids"].tobytes() for g in range(len(fresh))]
     gets = shard_gets(proxy)
     assert len(gets) == sum(len(ix.shards) for ix in indexes) and set(gets.values()) == {1}, gets

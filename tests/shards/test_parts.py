@@ -20,17 +20,27 @@ def samples() -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("faults", [{}, {"reset_fraction": 0.3, "fail_fraction": 0.2}])
-def test_a_shard_in_parallel_parts_reads_back_whole(s3_url: str, fault_proxy: Any, tmp_path: Path, faults: dict[str, float]) -> None:
+def test_a_shard_in_parallel_parts_reads_back_whole(
+    s3_url: str, fault_proxy: Any, tmp_path: Path, faults: dict[str, float]
+) -> None:
     written = samples()
     index = write_shards(written, s3_url, shard_bytes=1 << 30, workers=1)  # one shard, ~2 MB
     (shard,) = index.shards
     proxy = fault_proxy(seed=3, **faults)
     data = ShardedDataset(
-        s3_url, cache_dir=str(tmp_path / "cache"), part_bytes=256 << 10, decode=None,
-        storage_options={"endpoint_url": proxy.endpoint}, store_timeout_s=5.0,
+        s3_url,
+        cache_dir=str(tmp_path / "cache"),
+        part_bytes=256 << 10,
+        decode=None,
+        storage_options={"endpoint_url": proxy.endpoint},
+        store_timeout_s=5.0,
     )
     loader = DataLoader(data, batch_size=8, sampler=ShardedSampler(data, num_replicas=1, rank=0), num_workers=0)
-    got = {bytes(k).decode() if isinstance(k, bytes) else k: b for batch in loader for k, b in zip(batch["__key__"], batch["bin"])}
+    got = {
+        bytes(k).decode() if isinstance(k, bytes) else k: b
+        for batch in loader
+        for k, b in zip(batch["__key__"], batch["bin"])
+    }
     assert got == {s["__key__"]: s["bin"] for s in written}
     parts = -(-shard.size // (256 << 10))
     gets = [entry for entry in proxy.log if entry[0] == "GET" and shard.name in entry[1]]
@@ -68,7 +78,9 @@ def test_downloads_ahead_do_not_hold_up_the_exit(s3_url: str, fault_proxy: Any, 
     proxy = fault_proxy(bandwidth=100_000)  # 4 s a shard: the downloads ahead take 8 s or more
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, s3_url, str(tmp_path / "cache"), proxy.endpoint],
-        stdout=subprocess.PIPE, text=True, env=dict(os.environ),
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
     )
     try:
         assert child.stdout is not None

@@ -45,9 +45,7 @@ def test_decode_auto_refuses_a_pickle_field_unless_allowed() -> None:
         decode_auto(raw, allow_pickle="yes")  # type: ignore[arg-type]
 
 
-def test_a_dataset_refuses_pickle_fields_by_default_naming_the_sample_and_shard(
-    s3_url: str, tmp_path: Path
-) -> None:
+def test_a_dataset_refuses_pickle_fields_by_default_naming_the_sample_and_shard(s3_url: str, tmp_path: Path) -> None:
     write_shards(samples(), s3_url, workers=1)
     data = ShardedDataset(s3_url, cache_dir=str(tmp_path / "cache"))
     with pytest.raises(ValueError) as info:
@@ -68,9 +66,7 @@ def test_a_dataset_with_allow_pickle_decodes_them(s3_url: str, tmp_path: Path) -
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_a_worker_refuses_them_too_and_decodes_them_when_allowed(
-    s3_url: str, tmp_path: Path, method: str
-) -> None:
+def test_a_worker_refuses_them_too_and_decodes_them_when_allowed(s3_url: str, tmp_path: Path, method: str) -> None:
     write_shards(samples(), s3_url, workers=1)
     for allow in (False, True):
         data = ShardedDataset(s3_url, cache_dir=str(tmp_path / "cache"), allow_pickle=allow)

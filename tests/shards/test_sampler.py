@@ -95,7 +95,13 @@ def run(world: int, workers: int, states: list | None = None, stop_after: int | 
     loaders = []
     for rank in range(world):
         sampler = ShardedSampler(data, num_replicas=world, rank=rank, seed=11, window_shards=2, drop_last=True)
-        loader = DataLoader(data, batch_size=4, sampler=sampler, num_workers=workers, **({"multiprocessing_context": "fork"} if workers else {}))
+        loader = DataLoader(
+            data,
+            batch_size=4,
+            sampler=sampler,
+            num_workers=workers,
+            **({"multiprocessing_context": "fork"} if workers else {}),
+        )
         if states is not None:
             loader.load_state_dict(states[rank % len(states)])
         loaders.append(loader)

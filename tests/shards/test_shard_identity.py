@@ -64,8 +64,9 @@ def dataset(data: dict[str, str], kwargs: Mapping[str, Any]) -> ShardedDataset:
     return ShardedDataset(url, cache_dir=cache, **kwargs)
 
 
-def shard_loader(data: dict[str, str], kwargs: Mapping[str, Any], sampler: Mapping[str, Any] | None = None
-                 ) -> Callable[[], stoker.DataLoader[Any]]:
+def shard_loader(
+    data: dict[str, str], kwargs: Mapping[str, Any], sampler: Mapping[str, Any] | None = None
+) -> Callable[[], stoker.DataLoader[Any]]:
     def make() -> stoker.DataLoader[Any]:
         ds = dataset(data, kwargs)
         return stoker.DataLoader(ds, batch_size=4, sampler=ShardedSampler(ds, **(sampler or {})), collate_fn=listed)

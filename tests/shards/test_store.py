@@ -123,9 +123,7 @@ def test_pickles_without_its_client(s3_url: str) -> None:
 
 @pytest.mark.parametrize("client", CLIENTS)
 @pytest.mark.parametrize("status", [500, 503])
-def test_server_errors_are_retried(
-    s3_server: S3Server, s3_url: str, fault_proxy, client: str, status: int
-) -> None:
+def test_server_errors_are_retried(s3_server: S3Server, s3_url: str, fault_proxy, client: str, status: int) -> None:
     put(s3_server, s3_url, "a.bin", BLOB)
     proxy = fault_proxy(fail_fraction=0.4, fail_status=status, seed=status)
     store = through(proxy, s3_url, client)
@@ -143,9 +141,7 @@ def test_server_errors_are_retried(
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_reset_mid_object_is_retried(
-    s3_server: S3Server, s3_url: str, fault_proxy, client: str
-) -> None:
+def test_reset_mid_object_is_retried(s3_server: S3Server, s3_url: str, fault_proxy, client: str) -> None:
     put(s3_server, s3_url, "a.bin", BLOB)
     proxy = fault_proxy(reset_fraction=0.5, seed=1)
     store = through(proxy, s3_url, client)
@@ -163,9 +159,7 @@ def test_reset_mid_object_is_retried(
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_a_hanging_request_is_retried_after_timeout(
-    s3_server: S3Server, s3_url: str, fault_proxy, client: str
-) -> None:
+def test_a_hanging_request_is_retried_after_timeout(s3_server: S3Server, s3_url: str, fault_proxy, client: str) -> None:
     put(s3_server, s3_url, "a.bin", BLOB)
     proxy = fault_proxy(hang_fraction=1.0)
     store = through(proxy, s3_url, client, timeout_s=1.0)
@@ -215,9 +209,7 @@ def test_a_fault_on_every_attempt_ends_in_store_error(
 
 
 @pytest.mark.parametrize("client", CLIENTS)
-def test_403_and_404_are_not_retried(
-    s3_server: S3Server, s3_url: str, fault_proxy, client: str
-) -> None:
+def test_403_and_404_are_not_retried(s3_server: S3Server, s3_url: str, fault_proxy, client: str) -> None:
     put(s3_server, s3_url, "private/a.bin", BLOB)
     put(s3_server, s3_url, "gone/a.bin", BLOB)
     proxy = fault_proxy()
@@ -239,9 +231,7 @@ def test_403_and_404_are_not_retried(
     assert proxy.requests == store.counters.requests
 
 
-def test_proxy_adds_first_byte_delay_and_bandwidth_cap(
-    s3_server: S3Server, s3_url: str, fault_proxy
-) -> None:
+def test_proxy_adds_first_byte_delay_and_bandwidth_cap(s3_server: S3Server, s3_url: str, fault_proxy) -> None:
     data = os.urandom(1 << 20)
     put(s3_server, s3_url, "a.bin", data)
     proxy = fault_proxy(first_byte_s=0.2)

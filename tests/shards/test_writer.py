@@ -75,7 +75,9 @@ def test_map_style_in_worker_processes_reads_back_equal(tmp_path, fmt) -> None:
         _equal(got, _sample(i))
         assert got["__key__"] == f"{i:09d}"
     rescanned = build_index(url)
-    assert [(s.name, s.sha256, s.samples) for s in rescanned.shards] == [(s.name, s.sha256, s.samples) for s in index.shards]
+    assert [(s.name, s.sha256, s.samples) for s in rescanned.shards] == [
+        (s.name, s.sha256, s.samples) for s in index.shards
+    ]
     if fmt == "tar":
         assert all((a.offsets == b.offsets).all() for a, b in zip(rescanned.shards, index.shards))
 

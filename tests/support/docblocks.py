@@ -196,7 +196,7 @@ def page_blocks(page: Path) -> list[Block]:
         body = []
         while i < len(lines) and lines[i].strip() != "```":
             line = lines[i]
-            body.append(line[len(indent):] if line.startswith(indent) else line.lstrip())
+            body.append(line[len(indent) :] if line.startswith(indent) else line.lstrip())
             i += 1
         i += 1  # the closing fence
         if lang != "python":
@@ -248,8 +248,15 @@ def run_block(block: Block, workdir: Path, python: str = sys.executable, env: di
     # the repo root, for the setups that start tests.support's S3 server
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     started = time.monotonic()
-    child = subprocess.Popen([python, script.name], cwd=workdir, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    child = subprocess.Popen(
+        [python, script.name],
+        cwd=workdir,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         output, _ = child.communicate(timeout=BLOCK_TIMEOUT_S)
         returncode: int | None = child.returncode

@@ -62,7 +62,9 @@ def saved_state(make: Callable[[], stoker.DataLoader[Any]]) -> dict[str, Any]:
     return state
 
 
-def check_case(base: Callable[[], stoker.DataLoader[Any]], other: Callable[[], stoker.DataLoader[Any]], key: str | None) -> None:
+def check_case(
+    base: Callable[[], stoker.DataLoader[Any]], other: Callable[[], stoker.DataLoader[Any]], key: str | None
+) -> None:
     """Rows differ => refused naming `key`, nothing applied; rows equal => accepted and the
     rest of the saved epoch follows. `key` None says the change leaves the rows equal."""
     saved_rows, other_rows = epoch(base), epoch(other)
@@ -74,7 +76,9 @@ def check_case(base: Callable[[], stoker.DataLoader[Any]], other: Callable[[], s
         return
     assert differ == (key is not None), f"this case was meant to {'change' if key else 'keep'} the rows"
     if differ:
-        with pytest.raises(ValueError, match=r"^this DataLoader state comes from another configuration and was not applied; "):
+        with pytest.raises(
+            ValueError, match=r"^this DataLoader state comes from another configuration and was not applied; "
+        ):
             loader.load_state_dict(state)
         with pytest.raises(ValueError) as refused:
             loader.load_state_dict(state)

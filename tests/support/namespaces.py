@@ -18,8 +18,9 @@ LOOPBACK_UP = 'ip link set lo up && exec "$0" "$@"'
 def loopback_only() -> str | None:
     """Why a loopback-only network namespace cannot be made here, or None."""
     try:
-        made = subprocess.run(["unshare", "-n", "--", "sh", "-c", "ip link set lo up"],
-                              capture_output=True, text=True, timeout=20)
+        made = subprocess.run(
+            ["unshare", "-n", "--", "sh", "-c", "ip link set lo up"], capture_output=True, text=True, timeout=20
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"unshare -n could not run: {exc}"
     return None if made.returncode == 0 else f"unshare -n failed: {made.stderr.strip()}"
@@ -60,8 +61,9 @@ def run_in_namespace(
     seconds after it returned (which is then killed)."""
     command = ["unshare", "-n", "--", "sh", "-c", LOOPBACK_UP, sys.executable, *program]
     try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s,
-                              cwd=out, start_new_session=True)
+        done = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=timeout_s, cwd=out, start_new_session=True
+        )
     except subprocess.TimeoutExpired as exc:
         _kill(processes_of(out))
         pytest.fail(f"{what} did not finish in {timeout_s} s:\n{_text(exc.stderr)[-8000:]}")

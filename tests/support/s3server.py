@@ -61,8 +61,7 @@ os._exit(0)
 """
 
 _AUTHORIZATION = (
-    "AWS4-HMAC-SHA256 Credential=testing/20200101/us-east-1/s3/aws4_request, "
-    "SignedHeaders=host, Signature=0"
+    "AWS4-HMAC-SHA256 Credential=testing/20200101/us-east-1/s3/aws4_request, SignedHeaders=host, Signature=0"
 )
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",

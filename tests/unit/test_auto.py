@@ -130,8 +130,15 @@ def test_choose_for_an_iterable_does_not_probe() -> None:
             raise AssertionError("an IterableDataset is not iterated by the choice")
 
     choice = choose(
-        Stream(), iterable=True, collate_fn=stoker.default_collate, auto_collation=True,
-        batch_size=4, cpus=16, workers=None, prefetch_factor=None, auto_prefetch=True,
+        Stream(),
+        iterable=True,
+        collate_fn=stoker.default_collate,
+        auto_collation=True,
+        batch_size=4,
+        cpus=16,
+        workers=None,
+        prefetch_factor=None,
+        auto_prefetch=True,
     )
     assert (choice.num_workers, choice.prefetch_factor) == (8, 2)
     assert "not probed" in choice.reason
@@ -146,8 +153,15 @@ def test_choose_when_the_probe_raises_falls_back_and_says_why() -> None:
             raise OSError("disk gone")
 
     choice = choose(
-        Broken(), iterable=False, collate_fn=stoker.default_collate, auto_collation=True,
-        batch_size=4, cpus=4, workers=None, prefetch_factor=None, auto_prefetch=False,
+        Broken(),
+        iterable=False,
+        collate_fn=stoker.default_collate,
+        auto_collation=True,
+        batch_size=4,
+        cpus=4,
+        workers=None,
+        prefetch_factor=None,
+        auto_prefetch=False,
     )
     assert choice.num_workers == 3 and "OSError" in choice.reason
 
@@ -219,7 +233,11 @@ def test_auto_accepts_a_start_method_and_persistent_workers() -> None:
 
 def test_head_chooses_after_enough_batches_or_enough_time() -> None:
     start = auto.AutoStart(
-        cpus=2, auto_prefetch=True, prefetch_factor=None, persistent=False, arena=None,
+        cpus=2,
+        auto_prefetch=True,
+        prefetch_factor=None,
+        persistent=False,
+        arena=None,
         on_choice=lambda choice, iterator: None,
     )
     head = auto.Head(start)

@@ -29,7 +29,9 @@ def test_check_number_refuses_nan_infinity_and_out_of_bounds() -> None:
     assert check_number("t", 2, above=0) == 2.0 and check_number("t", np.float32(0.5), low=0) == 0.5
     assert check_number("t", math.inf, low=0, finite=False) == math.inf
     for bad in (math.nan, math.inf, -1.0):
-        with pytest.raises(ValueError, match=re.escape(f"t should be a finite number >= 0 (seconds), but got t={bad!r}")):
+        with pytest.raises(
+            ValueError, match=re.escape(f"t should be a finite number >= 0 (seconds), but got t={bad!r}")
+        ):
             check_number("t", bad, low=0, unit="seconds")
     with pytest.raises(ValueError, match=re.escape("t should be a finite number > 0, but got t=0")):
         check_number("t", 0, above=0)

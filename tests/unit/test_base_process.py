@@ -127,6 +127,7 @@ def test_a_fork_while_another_thread_makes_the_value_does_not_deadlock_the_child
     maker.start()
     assert started.wait(CHILD_TIMEOUT_S)  # the maker holds the holder's lock now
     try:
+
         def child() -> tuple[str, int]:
             release.set()  # the child's copy of the event: its maker thread does not exist here
             return holder.get(), os.getpid()
@@ -167,7 +168,9 @@ def _record(what: str) -> Callable[[], None]:
 def test_at_fork_hooks_run_around_a_fork_in_order() -> None:
     calls.clear()
     for n in (1, 2):
-        at_fork(before=_record(f"before {n}"), after_in_parent=_record(f"parent {n}"), after_in_child=_record(f"child {n}"))
+        at_fork(
+            before=_record(f"before {n}"), after_in_parent=_record(f"parent {n}"), after_in_child=_record(f"child {n}")
+        )
     recording.set()
     try:
         in_child = in_fork_child(lambda: list(calls))
@@ -199,8 +202,6 @@ def test_finalize_runs_only_in_the_process_that_made_it() -> None:
 def test_at_fork_is_the_one_registration_point() -> None:
     src = Path(__file__).resolve().parents[2] / "src" / "stoker"
     callers = sorted(
-        str(path.relative_to(src))
-        for path in src.rglob("*.py")
-        if "os.register_at_fork(" in path.read_text()
+        str(path.relative_to(src)) for path in src.rglob("*.py") if "os.register_at_fork(" in path.read_text()
     )
     assert callers == ["_base/process.py"]

@@ -40,7 +40,10 @@ def test_the_stoker_command_imports_none_of_the_measuring_code() -> None:
         "print(sorted(m for m in sys.modules if m.startswith(('numpy', 'stoker._core', 'stoker._doctor'))))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
         env=dict(os.environ, PYTHONPATH=str(src)),
     )
     assert done.stdout.strip() == "[]"

@@ -45,10 +45,7 @@ def test_strings_and_none_become_lists() -> None:
 
 
 def test_containers_keep_their_type() -> None:
-    samples = [
-        OrderedDict(x=np.zeros(2), meta=("s", i), p=Pair(i, [i, i + 1]))
-        for i in range(3)
-    ]
+    samples = [OrderedDict(x=np.zeros(2), meta=("s", i), p=Pair(i, [i, i + 1])) for i in range(3)]
     out = default_collate(samples)
     assert type(out) is OrderedDict and list(out) == ["x", "meta", "p"]
     assert isinstance(out["meta"], tuple) and out["meta"][0] == ["s", "s", "s"]

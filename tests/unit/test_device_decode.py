@@ -84,7 +84,10 @@ def batch_of(paths: list[str], make: DecodeOnDevice) -> JpegBatch:
 def test_the_cpu_fallback_equals_decode_crop_for_the_same_parameters(files: list[str], size: Any) -> None:
     for seed in range(4):
         parameters = {"scale": (0.2, 0.9), "ratio": (0.6, 1.5), "flip": 0.5}
-        ours, theirs = DecodeOnDevice(size, **parameters, generator=seed), DecodeCrop(size, **parameters, generator=seed)
+        ours, theirs = (
+            DecodeOnDevice(size, **parameters, generator=seed),
+            DecodeCrop(size, **parameters, generator=seed),
+        )
         batch = batch_of(files, ours)
         want = np.stack([theirs(p) for p in files])
         crops = decode_jpegs(decoder="cpu")([batch])[0]
@@ -139,7 +142,9 @@ def test_arguments_are_checked() -> None:
         DecodeOnDevice(224)(42)
     with pytest.raises(TypeError, match="give it as ImageFolder's loader="):
         DecodeOnDevice(224)(Image.new("RGB", (8, 8)))
-    with pytest.raises(ValueError, match="decoder should be 'auto', 'cpu', 'nvjpeg' or 'nvimgcodec', but got decoder='opencv'"):
+    with pytest.raises(
+        ValueError, match="decoder should be 'auto', 'cpu', 'nvjpeg' or 'nvimgcodec', but got decoder='opencv'"
+    ):
         decode_jpegs(decoder="opencv")
     with pytest.raises(ValueError, match="both be given"):
         decode_jpegs(MEAN)

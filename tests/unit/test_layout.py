@@ -154,15 +154,19 @@ def test_the_layer_check_finds_an_import_that_points_up() -> None:
 def test_the_layer_rules_cover_every_package_and_point_down() -> None:
     rules = _layer_rules(MODULE_MAP.read_text())
     layers = {_layer(module) for module in _graph()}
-    assert set(rules) == layers, f"packages without a row in the layer rules: {sorted(layers - set(rules))}; " \
+    assert set(rules) == layers, (
+        f"packages without a row in the layer rules: {sorted(layers - set(rules))}; "
         f"rows for no package: {sorted(set(rules) - layers)}"
+    )
     named = set().union(*rules.values())
     assert named <= layers, f"the layer rules name unknown packages: {sorted(named - layers)}"
     assert _cycles(rules) == [], "the layer rules make a circle"
     # the promises of the design page, which the table may not loosen
     assert rules["_base"] == set(), "_base imports nothing of stoker"
     assert "_core" not in rules["_shards"] | rules["_mix"], "_shards and _mix import nothing of _core"
-    assert [layer for layer, allowed in rules.items() if "_doctor" in allowed] == ["_cli"], "nothing below imports _doctor"
+    assert [layer for layer, allowed in rules.items() if "_doctor" in allowed] == ["_cli"], (
+        "nothing below imports _doctor"
+    )
     assert "_data" not in rules["_base"] and "_core" not in rules["_data"]
 
 
@@ -194,9 +198,22 @@ def test_the_wheel_holds_the_library_and_the_doctor_only(tmp_path: Path) -> None
         shutil.copy(ROOT / name, project / name)
     shutil.copytree(SRC, project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", "--no-index",
-         "--wheel-dir", str(tmp_path / "dist"), str(project)],
-        check=True, capture_output=True, timeout=100,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--wheel-dir",
+            str(tmp_path / "dist"),
+            str(project),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=100,
     )
     (wheel,) = (tmp_path / "dist").glob("stoker-*.whl")
     with zipfile.ZipFile(wheel) as archive:

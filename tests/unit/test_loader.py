@@ -93,7 +93,11 @@ def test_max_worker_restarts_is_accepted_and_inert_without_worker_processes(kwar
 
 
 def test_iterable_dataset_refuses_samplers_and_shuffle() -> None:
-    for kwargs, name in [({"shuffle": True}, "shuffle"), ({"sampler": [0]}, "sampler"), ({"batch_sampler": [[0]]}, "batch_sampler")]:
+    for kwargs, name in [
+        ({"shuffle": True}, "shuffle"),
+        ({"sampler": [0]}, "sampler"),
+        ({"batch_sampler": [[0]]}, "batch_sampler"),
+    ]:
         with pytest.raises(ValueError, match=f"expected unspecified {name} option"):
             DataLoader(Count(3), **kwargs)
     with pytest.raises(ValueError, match="rollover"):

@@ -24,8 +24,7 @@ from stoker.mix import (
 def corpus(counts: tuple[int, ...] = (300, 200, 100), seed: int = 0, top: int = 900) -> list[TokenDataset]:
     rng = np.random.default_rng(seed)
     return [
-        TokenDataset.from_documents([rng.integers(1, 30_000, rng.integers(1, top)) for _ in range(n)])
-        for n in counts
+        TokenDataset.from_documents([rng.integers(1, 30_000, rng.integers(1, top)) for _ in range(n)]) for n in counts
     ]
 
 
@@ -62,7 +61,10 @@ def test_token_dataset_bad_input_names_the_argument() -> None:
 
 
 def test_mix_gives_exact_proportions_and_each_source_its_shuffled_pass() -> None:
-    a, b = TokenDataset.from_documents([[i] for i in range(300)]), TokenDataset.from_documents([[1000 + i] for i in range(100)])
+    a, b = (
+        TokenDataset.from_documents([[i] for i in range(300)]),
+        TokenDataset.from_documents([[1000 + i] for i in range(100)]),
+    )
     mix = MixedDataset([a, b], [0.75, 0.25], seed=5)
     sources, samples = mix.sources_block(0, 1000)
     assert np.bincount(sources).tolist() == [750, 250]
@@ -111,7 +113,9 @@ def test_token_weights_follow_token_shares() -> None:
     by_docs = MixedDataset([short, long], [0.5, 0.5]).proportions(0, 20_000)
     assert by_docs["document_shares"] == [0.5, 0.5]
     # given totals are used as they are (no document read)
-    given = MixedDataset([short, long], [0.5, 0.5], weigh="tokens", tokens=[int(short.lengths.sum()), int(long.lengths.sum())])
+    given = MixedDataset(
+        [short, long], [0.5, 0.5], weigh="tokens", tokens=[int(short.lengths.sum()), int(long.lengths.sum())]
+    )
     assert np.array_equal(given.sources_block(0, 500)[0], by_tokens.sources_block(0, 500)[0])
 
 
@@ -140,8 +144,16 @@ def test_exhausted_modes_end_epochs_and_start_new_mixes() -> None:
         ([1, 1], r"weights should have one entry per source \(3\), but got 2 entries", ValueError),
         ([1, float("nan"), 1], r"weights\[1\] should be finite, but got nan", ValueError),
         ([1, "x", 1], r"weights\[1\] should be a number, but got 'x'", TypeError),
-        ([(0, [1, 1, 1]), (0, [1, 2, 1])], r"starts should be 0 then strictly increasing, but got \[0, 0\]", ValueError),
-        ([(0, [1, 1, 1]), (10, [1, 1])], r"weights should have one entry per source \(3\), but got 2 entries", ValueError),
+        (
+            [(0, [1, 1, 1]), (0, [1, 2, 1])],
+            r"starts should be 0 then strictly increasing, but got \[0, 0\]",
+            ValueError,
+        ),
+        (
+            [(0, [1, 1, 1]), (10, [1, 1])],
+            r"weights should have one entry per source \(3\), but got 2 entries",
+            ValueError,
+        ),
     ],
 )
 def test_bad_weights_are_refused_naming_them(weights: list[object], message: str, error: type[Exception]) -> None:
@@ -230,8 +242,12 @@ def test_packed_stream_is_the_same_in_any_access_order_and_process() -> None:
     mix = MixedDataset(corpus(), [(0, [0.5, 0.3, 0.2]), (500, [0.2, 0.3, 0.5])], weigh="tokens", seed=4)
     one = PackedDataset(mix, seq_len=512, window_size=64)
     order = np.random.default_rng(0).permutation(3 * len(one)).tolist()
-    other = PackedDataset(MixedDataset(corpus(), [(0, [0.5, 0.3, 0.2]), (500, [0.2, 0.3, 0.5])], weigh="tokens", seed=4),
-                          seq_len=512, window_size=64, rows_per_epoch=5)
+    other = PackedDataset(
+        MixedDataset(corpus(), [(0, [0.5, 0.3, 0.2]), (500, [0.2, 0.3, 0.5])], weigh="tokens", seed=4),
+        seq_len=512,
+        window_size=64,
+        rows_per_epoch=5,
+    )
     got = {g: other[g]["input_ids"] for g in order}  # random access from a fresh table
     for g in range(3 * len(one)):
         assert np.array_equal(one[g]["input_ids"], got[g])
@@ -402,12 +418,19 @@ def test_doctor_lines_report_shares_and_utilisation() -> None:
 def test_thread_and_spawn_workers_give_the_rows_of_the_main_process() -> None:
     serial = ids(list(make(workers=0)))
     loader = make()
-    threads = stoker.DataLoader(loader.dataset, batch_size=4, sampler=loader.sampler, collate_fn=collate_packed,
-                                num_workers=2, thread_pool=True)
+    threads = stoker.DataLoader(
+        loader.dataset, batch_size=4, sampler=loader.sampler, collate_fn=collate_packed, num_workers=2, thread_pool=True
+    )
     assert ids(list(threads)) == serial
     fresh = make()  # pickled into a spawned worker (its lock is not: a new one is made there)
-    spawned = stoker.DataLoader(fresh.dataset, batch_size=4, sampler=fresh.sampler, collate_fn=collate_packed,
-                                num_workers=1, multiprocessing_context="spawn")
+    spawned = stoker.DataLoader(
+        fresh.dataset,
+        batch_size=4,
+        sampler=fresh.sampler,
+        collate_fn=collate_packed,
+        num_workers=1,
+        multiprocessing_context="spawn",
+    )
     assert ids(list(spawned)) == serial
 
 
@@ -448,8 +471,14 @@ def test_a_killed_worker_is_replaced_and_the_rows_are_the_same(tmp_path: object)
     def loader(sources: list[TokenDataset], workers: int) -> stoker.DataLoader:
         mix = MixedDataset(sources, [0.5, 0.3, 0.2], seed=2)
         rows = PackedDataset(mix, seq_len=512, window_size=64)
-        return stoker.DataLoader(rows, batch_size=4, sampler=StreamSampler(rows), collate_fn=collate_packed,
-                                 num_workers=workers, max_worker_restarts=2)
+        return stoker.DataLoader(
+            rows,
+            batch_size=4,
+            sampler=StreamSampler(rows),
+            collate_fn=collate_packed,
+            num_workers=workers,
+            max_worker_restarts=2,
+        )
 
     expected = ids(list(loader(srcs, 0)))
     with pytest.warns(stoker.WorkerRestartWarning, match="killed by signal SIGKILL"):
@@ -473,7 +502,9 @@ def test_hugging_face_rows_are_documents_through_field() -> None:
         assert np.array_equal(packed[g]["input_ids"], plain[g]["input_ids"])
     with pytest.raises(ValueError, match="field should be the mix's field 'input_ids' or None, but got field='ids'"):
         PackedDataset(mix, seq_len=128, field="ids")
-    with pytest.raises(DocumentError, match=r"document 0 of dataset is a dict without the field 'ids' \(keys \['input_ids', 'text'\]\)"):
+    with pytest.raises(
+        DocumentError, match=r"document 0 of dataset is a dict without the field 'ids' \(keys \['input_ids', 'text'\]\)"
+    ):
         PackedDataset(hf[0], seq_len=128, field="ids")
     direct = PackedDataset(hf[0], seq_len=128, window_size=16, field="input_ids")
     assert direct[0]["input_ids"][:3].tolist() == docs[0][direct.pieces(0)[0][0]][:3]

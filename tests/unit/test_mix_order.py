@@ -36,6 +36,7 @@ def iterate(mix, start=0):
             c[s] += 1
             p += 1
 
+
 def reference_sources(weights, n):
     """The source pattern by brute force: merge the ideal times (k + 1/2) / q_s with a heap."""
     total = sum(Fraction(w).limit_denominator(10**9) for w in weights)
@@ -61,10 +62,8 @@ def test_deterministic_and_seeded():
     b = WeightedMix([50, 70, 30], [0.5, 0.3, 0.2], seed=3, epoch=1)
     seq = [a.mixed_at(p) for p in range(500)]
     assert seq == [b.mixed_at(p) for p in range(500)]
-    assert seq != [WeightedMix([50, 70, 30], [0.5, 0.3, 0.2], seed=4, epoch=1).mixed_at(p)
-                   for p in range(500)]
-    assert seq != [WeightedMix([50, 70, 30], [0.5, 0.3, 0.2], seed=3, epoch=2).mixed_at(p)
-                   for p in range(500)]
+    assert seq != [WeightedMix([50, 70, 30], [0.5, 0.3, 0.2], seed=4, epoch=1).mixed_at(p) for p in range(500)]
+    assert seq != [WeightedMix([50, 70, 30], [0.5, 0.3, 0.2], seed=3, epoch=2).mixed_at(p) for p in range(500)]
 
 
 @pytest.mark.parametrize("weights", WEIGHTS)
@@ -91,7 +90,7 @@ def test_mixed_at_equals_sequential(mode):
         assert mix.mixed_at(int(p)) == seq[int(p)], p
     # and from a later start
     it = iterate(mix, start=1234 % n)
-    assert [next(it) for _ in range(50)] == seq[1234 % n: 1234 % n + 50]
+    assert [next(it) for _ in range(50)] == seq[1234 % n : 1234 % n + 50]
 
 
 @pytest.mark.parametrize("weights", WEIGHTS)
@@ -139,7 +138,7 @@ def test_each_cycle_visits_every_sample_once():
     for s, xs in draws.items():
         full = len(xs) // sizes[s]
         assert full >= 3
-        cycles = [xs[c * sizes[s]:(c + 1) * sizes[s]] for c in range(full)]
+        cycles = [xs[c * sizes[s] : (c + 1) * sizes[s]] for c in range(full)]
         for cyc in cycles:
             assert sorted(cyc) == list(range(sizes[s]))
         assert cycles[0] != cycles[1]  # a new order each cycle
@@ -179,10 +178,14 @@ def test_stop_renormalises():
 
 
 def test_bad_weights():
-    for bad, words, error in [([1, -1], "should be >= 0", ValueError), ([0, 0], "all zero", ValueError),
-                              ([1], "per source (2)", ValueError), ([1, 2, 3], "per source (2)", ValueError),
-                              ([1, float("nan")], "should be finite", ValueError),
-                              ([1, "x"], "should be a number", TypeError)]:
+    for bad, words, error in [
+        ([1, -1], "should be >= 0", ValueError),
+        ([0, 0], "all zero", ValueError),
+        ([1], "per source (2)", ValueError),
+        ([1, 2, 3], "per source (2)", ValueError),
+        ([1, float("nan")], "should be finite", ValueError),
+        ([1, "x"], "should be a number", TypeError),
+    ]:
         with pytest.raises(error, match="weights") as info:
             WeightedMix([5, 5], bad)
         assert words in str(info.value)
@@ -205,7 +208,7 @@ def test_large_sources_permuted_index_by_index(monkeypatch):
         s, x = mix.mixed_at(p)
         draws[s].append(x)
     for s, xs in draws.items():
-        cycles = [xs[c * sizes[s]:(c + 1) * sizes[s]] for c in range(len(xs) // sizes[s])]
+        cycles = [xs[c * sizes[s] : (c + 1) * sizes[s]] for c in range(len(xs) // sizes[s])]
         assert len(cycles) >= 2
         for cyc in cycles:
             assert sorted(cyc) == list(range(sizes[s]))
@@ -246,7 +249,9 @@ def test_block_over_a_long_period_and_a_feistel_source() -> None:
     from stoker._mix.mix_order import WeightedMix, feistel_index, feistel_many
 
     keys = [0x1234567 * (i + 1) for i in range(6)]
-    assert feistel_many(np.arange(3000), 1_234_567, keys).tolist() == [feistel_index(j, 1_234_567, keys) for j in range(3000)]
+    assert feistel_many(np.arange(3000), 1_234_567, keys).tolist() == [
+        feistel_index(j, 1_234_567, keys) for j in range(3000)
+    ]
     big = WeightedMix([mixing.MATERIALIZE_MAX + 5, 10], [1, 1], seed=3)
     s, k = big.block(0, 1000)
     assert list(zip(s.tolist(), k.tolist())) == [big.mixed_at(p) for p in range(1000)]

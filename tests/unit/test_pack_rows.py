@@ -210,9 +210,7 @@ def test_build_row_fields():
     np.testing.assert_array_equal(f["segment_ids"], [1, 1, 1, 2, 2, 2, 2, 3, 3, 0, 0, 0])
     np.testing.assert_array_equal(f["cu_seqlens"], [0, 3, 7, 9])
     assert f["max_seqlen"] == 4
-    np.testing.assert_array_equal(
-        f["labels"], [-100, 6, 7, -100, 4, 5, 6, -100, 9, -100, -100, -100]
-    )
+    np.testing.assert_array_equal(f["labels"], [-100, 6, 7, -100, 4, 5, 6, -100, 9, -100, -100, -100])
     assert f["position_ids"].dtype == np.int32
     assert f["segment_ids"].dtype == np.int32
     assert f["cu_seqlens"].dtype == np.int32
@@ -485,6 +483,8 @@ def test_packed_rows_windows_resume_on_another_world_size():
     assert len(killed) + len(rest) >= len(reference) - 8
     # a state saved over document windows is refused, naming the unit
     docs = PackedDataset(lognormal_mix(), seq_len=512, window_size=8, window_unit="documents")
-    other = stoker.DataLoader(docs, batch_size=4, sampler=StreamSampler(docs, drop_last=True), collate_fn=collate_packed)
+    other = stoker.DataLoader(
+        docs, batch_size=4, sampler=StreamSampler(docs, drop_last=True), collate_fn=collate_packed
+    )
     with pytest.raises(ValueError, match=r"stream\.window_unit: saved 'rows', this loader 'documents'"):
         other.load_state_dict(states[0])

@@ -74,9 +74,7 @@ def test_pins_in_submit_order_and_takes_in_order(threads):
     pt = threads(pin)
     for key in range(200):
         pt.submit(key, f"batch {key}")
-    assert [pt.take(key, timeout=SETTLE_S) for key in range(200)] == [
-        Pinned(f"batch {key}") for key in range(200)
-    ]
+    assert [pt.take(key, timeout=SETTLE_S) for key in range(200)] == [Pinned(f"batch {key}") for key in range(200)]
     assert pin.seen == [f"batch {key}" for key in range(200)]
     assert pt.pending == 0
 
@@ -493,8 +491,7 @@ def test_pin_function_without_accelerator_warns_and_returns_none():
         assert call_pin_function("") is None
     ours = pin_warnings(record)
     assert [str(w.message) for w in ours] == [
-        "'pin_memory' argument is set as true but no accelerator is found, "
-        "then device pinned memory won't be used."
+        "'pin_memory' argument is set as true but no accelerator is found, then device pinned memory won't be used."
     ]
     assert ours[0].filename == __file__
     assert ours[0].lineno == CALL_LINE
@@ -518,8 +515,7 @@ def test_pin_function_without_torch(monkeypatch):
     with pytest.warns(UserWarning, match="torch is not installed") as record:
         assert call_pin_function("") is None
     assert str(pin_warnings(record)[0].message) == (
-        "'pin_memory' argument is set as true but torch is not installed, "
-        "then device pinned memory won't be used."
+        "'pin_memory' argument is set as true but torch is not installed, then device pinned memory won't be used."
     )
     assert device_setup() is None
 

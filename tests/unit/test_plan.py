@@ -51,8 +51,13 @@ def workers(num_workers: Any = 0, prefetch_factor: Any = None, **kwargs: Any) ->
 
 def batching(dataset: Any = None, flavour: Any = stoker.DataLoader, **kwargs: Any) -> Any:
     options = {
-        "batch_size": 1, "shuffle": None, "sampler": None, "batch_sampler": None,
-        "drop_last": False, "last_batch": None, "generator": None,
+        "batch_size": 1,
+        "shuffle": None,
+        "sampler": None,
+        "batch_sampler": None,
+        "drop_last": False,
+        "last_batch": None,
+        "generator": None,
     }
     return resolve_batching(flavour, Squares() if dataset is None else dataset, **{**options, **kwargs})
 
@@ -94,7 +99,11 @@ def test_persistent_workers_and_auto_reload_resolve_together() -> None:
         ({"timeout": "1"}, TypeError, "timeout should be a number of seconds"),
         ({"timeout": True}, TypeError, "timeout should be a number of seconds"),
         ({"num_workers": 1, "prefetch_factor": 1.5}, TypeError, "prefetch_factor should be an int"),
-        ({"num_workers": 2, "persistent_workers": True, "auto_reload": "yes"}, TypeError, "auto_reload should be True or False"),
+        (
+            {"num_workers": 2, "persistent_workers": True, "auto_reload": "yes"},
+            TypeError,
+            "auto_reload should be True or False",
+        ),
     ],
 )
 def test_workers_raise_the_first_error_in_order(kwargs: dict[str, Any], error: type, match: str) -> None:
@@ -228,7 +237,12 @@ def test_shuffle_resolves_to_whether_the_loader_shuffles() -> None:
 )
 def test_batch_size_errors(kwargs: dict[str, Any], match: str) -> None:
     options: dict[str, Any] = {
-        "batch_size": 1, "drop_last": False, "last_batch": None, "batch_sampler": None, "shuffle": False, "sampler": None,
+        "batch_size": 1,
+        "drop_last": False,
+        "last_batch": None,
+        "batch_sampler": None,
+        "shuffle": False,
+        "sampler": None,
     }
     merged = {**options, **kwargs}
     with pytest.raises(ValueError, match=match):

@@ -141,8 +141,9 @@ def _batch_seed(samples: list[int]) -> tuple[int, list[int]]:
 @pytest.mark.filterwarnings("ignore::stoker.UnshardedWarning")  # one rank of 2 reads all on purpose
 def test_batch_level_seeds_mix_in_the_rank_and_sample_seeds_do_not(torchrun: Any) -> None:
     def run(workers: int) -> list[tuple[int, list[int]]]:
-        loader = stoker.DataLoader(Draws(), batch_size=4, generator=7, collate_fn=_batch_seed,
-                                   num_workers=workers, thread_pool=workers > 0)
+        loader = stoker.DataLoader(
+            Draws(), batch_size=4, generator=7, collate_fn=_batch_seed, num_workers=workers, thread_pool=workers > 0
+        )
         return list(loader)
 
     alone = run(0)

@@ -35,7 +35,15 @@ import pytest
 griffe = pytest.importorskip("griffe")
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-PUBLIC_MODULES = ("stoker", "stoker.torch", "stoker.vision", "stoker.shards", "stoker.mix", "stoker.ray", "stoker.testing")
+PUBLIC_MODULES = (
+    "stoker",
+    "stoker.torch",
+    "stoker.vision",
+    "stoker.shards",
+    "stoker.mix",
+    "stoker.ray",
+    "stoker.testing",
+)
 PRIVATE_MODULE = re.compile(r"(?<![A-Za-z0-9_.])_(core|data|doctor|vision|frameworks|stream)\b|stoker\._")
 DEFAULT = re.compile(r"Defaults\s+to\s+(?P<value>.+?)\.(?=\s|$)", re.DOTALL)
 UNDOCUMENTED_VARIADICS = {"args", "kwargs"}
@@ -278,8 +286,14 @@ class Loader:
 '''
 
 
-USER_PAGES = ("README.md", "docs/index.md", "docs/getting-started.md", "docs/performance.md",
-              "docs/guide/*.md", "docs/reference/*.md")
+USER_PAGES = (
+    "README.md",
+    "docs/index.md",
+    "docs/getting-started.md",
+    "docs/performance.md",
+    "docs/guide/*.md",
+    "docs/reference/*.md",
+)
 
 
 def test_user_pages_name_no_private_module() -> None:
@@ -302,11 +316,13 @@ def test_the_check_reports_each_kind_of_problem(tmp_path: Path) -> None:
     (tmp_path / "stoker").mkdir()
     (tmp_path / "stoker" / "__init__.py").write_text(BAD_PACKAGE)
     offenders = _offenders(_load(tmp_path), modules=("stoker",))
-    assert sorted(offenders) == sorted([
-        "stoker.load: 'retries' documents 'Defaults to 5', the signature has 3",
-        "stoker.load: parameter 'strict' has no description",
-        "stoker.Loader: 'size' does not say 'Defaults to 4.'",
-        "stoker.Loader: documents 'gone', which is not a parameter",
-        "stoker.Loader: docstring line 1 names a private module ('_core')",
-        "stoker.Loader.step: parameter 'n' has no description",
-    ])
+    assert sorted(offenders) == sorted(
+        [
+            "stoker.load: 'retries' documents 'Defaults to 5', the signature has 3",
+            "stoker.load: parameter 'strict' has no description",
+            "stoker.Loader: 'size' does not say 'Defaults to 4.'",
+            "stoker.Loader: documents 'gone', which is not a parameter",
+            "stoker.Loader: docstring line 1 names a private module ('_core')",
+            "stoker.Loader.step: parameter 'n' has no description",
+        ]
+    )

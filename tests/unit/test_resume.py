@@ -58,8 +58,12 @@ def factory(kind: str, n: int, batch_size, last_batch: str, seed, threads: bool)
         if batch_size is not None and last_batch != "keep":
             kwargs["last_batch"] = last_batch
         return stoker.DataLoader(
-            Numbers(n), batch_size=batch_size, sampler=sampler, shuffle=shuffle,
-            generator=generator if sampler is None else None, **kwargs,
+            Numbers(n),
+            batch_size=batch_size,
+            sampler=sampler,
+            shuffle=shuffle,
+            generator=generator if sampler is None else None,
+            **kwargs,
         )
 
     return make_loader
@@ -104,7 +108,9 @@ def test_torch_generator_state_is_under_ten_kilobytes() -> None:
     torch = pytest.importorskip("torch")
     import stoker.torch as st_torch
 
-    loader = st_torch.DataLoader(Numbers(10_000_000), batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(1))
+    loader = st_torch.DataLoader(
+        Numbers(10_000_000), batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(1)
+    )
     it = iter(loader)
     next(it)
     assert len(json.dumps(loader.state_dict())) < 10_000
@@ -126,10 +132,14 @@ def test_a_state_from_another_configuration_is_refused_and_changes_nothing(chang
     next(it)
     state = saved_loader.state_dict()
     config = dict(base, **change)
+
     def make():
         return stoker.DataLoader(
-            Numbers(config["n"]), batch_size=config["batch_size"], shuffle=config["shuffle"],
-            last_batch=config["last_batch"], generator=1,
+            Numbers(config["n"]),
+            batch_size=config["batch_size"],
+            shuffle=config["shuffle"],
+            last_batch=config["last_batch"],
+            generator=1,
         )
 
     fresh = [b.tolist() for b in make()]
@@ -216,8 +226,13 @@ def test_the_position_survives_the_iterator_being_dropped() -> None:
 
 def test_unordered_delivery_resumes_without_losing_or_repeating() -> None:
     make = lambda num_workers=2: stoker.DataLoader(  # noqa: E731
-        Numbers(40), batch_size=2, shuffle=True, generator=4, num_workers=num_workers,
-        thread_pool=True, in_order=False,
+        Numbers(40),
+        batch_size=2,
+        shuffle=True,
+        generator=4,
+        num_workers=num_workers,
+        thread_pool=True,
+        in_order=False,
     )
     everything = sorted(i for b in make() for i in b.ravel().tolist())
     loader = make()
@@ -259,7 +274,9 @@ def rank_loader(world: int, rank: int, n: int = 50, drop_last: bool = False):
 
 @pytest.mark.parametrize(("old_world", "new_world", "steps"), [(4, 3, 3), (2, 5, 4), (3, 3, 2), (4, 2, 0)])
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_elastic_resume_gives_the_new_world_exactly_what_no_old_rank_took(old_world, new_world, steps, drop_last) -> None:
+def test_elastic_resume_gives_the_new_world_exactly_what_no_old_rank_took(
+    old_world, new_world, steps, drop_last
+) -> None:
     n = 50
     consumed: list[int] = []
     states = []
@@ -294,14 +311,18 @@ def test_elastic_resume_gives_the_new_world_exactly_what_no_old_rank_took(old_wo
 
 def test_elastic_resume_refuses_rollover_and_changes_nothing() -> None:
     loader = stoker.DataLoader(
-        Numbers(20), batch_size=3, last_batch="rollover",
+        Numbers(20),
+        batch_size=3,
+        last_batch="rollover",
         sampler=stoker.DistributedSampler(Numbers(20), num_replicas=2, rank=0),
     )
     it = iter(loader)
     next(it)
     state = loader.state_dict()
     other = stoker.DataLoader(
-        Numbers(20), batch_size=3, last_batch="rollover",
+        Numbers(20),
+        batch_size=3,
+        last_batch="rollover",
         sampler=stoker.DistributedSampler(Numbers(20), num_replicas=3, rank=0),
     )
     with pytest.raises(ValueError, match="rollover"):
@@ -336,7 +357,9 @@ class Cursor(stoker.Sampler[int]):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_a_user_sampler_with_state_is_restored_at_its_position_not_replayed(num_workers) -> None:
     def make_loader(num_workers: int = num_workers):
-        return stoker.DataLoader(Numbers(30), batch_size=4, sampler=Cursor(30), num_workers=num_workers, thread_pool=True)
+        return stoker.DataLoader(
+            Numbers(30), batch_size=4, sampler=Cursor(30), num_workers=num_workers, thread_pool=True
+        )
 
     assert_resumes_identically(make_loader, epochs=2)
     loader = make_loader()
@@ -358,7 +381,9 @@ def test_a_closed_or_dropped_iterator_keeps_its_position_but_not_its_batches() -
     import gc
     import weakref
 
-    make = lambda: stoker.DataLoader(Numbers(40), batch_size=2, shuffle=True, generator=3, num_workers=2, thread_pool=True)  # noqa: E731
+    def make() -> stoker.DataLoader:
+        return stoker.DataLoader(Numbers(40), batch_size=2, shuffle=True, generator=3, num_workers=2, thread_pool=True)
+
     reference = run_rest(make())
     loader = make()
     it = iter(loader)

@@ -36,7 +36,9 @@ def same(a: object, b: object) -> bool:
     return a == b
 
 
-@pytest.mark.parametrize("items", [STRINGS, BYTES, INTS, FLOATS, TUPLES, MIXED], ids=["str", "bytes", "int", "float", "tuple", "mixed"])
+@pytest.mark.parametrize(
+    "items", [STRINGS, BYTES, INTS, FLOATS, TUPLES, MIXED], ids=["str", "bytes", "int", "float", "tuple", "mixed"]
+)
 def test_round_trip(items: list[object]) -> None:
     sl = SharedList(items)
     assert len(sl) == len(items)
@@ -114,8 +116,16 @@ def test_read_only() -> None:
         sl[0] = "c"
     with pytest.raises(TypeError, match="SharedList is read-only"):
         del sl[0]
-    for name, args in [("append", ("c",)), ("extend", (["c"],)), ("insert", (0, "c")), ("pop", ()),
-                       ("remove", ("a",)), ("clear", ()), ("sort", ()), ("reverse", ())]:
+    for name, args in [
+        ("append", ("c",)),
+        ("extend", (["c"],)),
+        ("insert", (0, "c")),
+        ("pop", ()),
+        ("remove", ("a",)),
+        ("clear", ()),
+        ("sort", ()),
+        ("reverse", ()),
+    ]:
         with pytest.raises(TypeError, match="SharedList is read-only"):
             getattr(sl, name)(*args)
     with pytest.raises(TypeError, match="SharedList is read-only"):

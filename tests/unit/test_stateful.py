@@ -89,7 +89,10 @@ def test_the_protocols_signatures_are_stateful(obj: Any) -> None:
 @pytest.mark.parametrize(
     ("obj", "reason"),
     [
-        (LitdataLike(), r"its state_dict\(\) requires num_samples_yielded, num_workers, batch_size, and stoker calls it with no argument"),
+        (
+            LitdataLike(),
+            r"its state_dict\(\) requires num_samples_yielded, num_workers, batch_size, and stoker calls it with no argument",
+        ),
         (MosaicLike(), r"state_dict\(\) requires num_samples, from_beginning, and .* no argument"),
         (LoadsNothing(), r"load_state_dict\(\) takes no argument, and stoker calls it with one argument"),
         (LoadsTwo(), r"load_state_dict\(\) requires state, strict, and .* one argument"),

@@ -59,9 +59,17 @@ def config(timed: bool, clock: Clock) -> WorkerConfig:
         return list(samples)
 
     return WorkerConfig(
-        worker_id=0, num_workers=1, base_seed=1, dataset=Slow(clock), dataset_kind="map",
-        auto_collation=True, collate_fn=slow_collate, drop_last=False, worker_init_fn=None,
-        thread=True, timed=timed,
+        worker_id=0,
+        num_workers=1,
+        base_seed=1,
+        dataset=Slow(clock),
+        dataset_kind="map",
+        auto_collation=True,
+        collate_fn=slow_collate,
+        drop_last=False,
+        worker_init_fn=None,
+        thread=True,
+        timed=timed,
     )
 
 

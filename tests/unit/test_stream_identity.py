@@ -192,8 +192,11 @@ def pack_loader(kwargs: Mapping[str, Any]) -> Callable[[], stoker.DataLoader[Any
 PACK_CASES: dict[str, list[tuple[dict[str, Any], dict[str, Any], str | None]]] = {
     "dataset": [
         (PACK_BASE, dict(PACK_BASE, dataset=MixedDataset(corpus(top=600), [0.5, 0.3, 0.2], seed=3)), "stream.mix.seed"),
-        (PACK_BASE, dict(PACK_BASE, dataset=MixedDataset(corpus(seed=4, top=600), [0.5, 0.3, 0.2], seed=2)),
-         "stream.mix.source.0.tokens_digest"),
+        (
+            PACK_BASE,
+            dict(PACK_BASE, dataset=MixedDataset(corpus(seed=4, top=600), [0.5, 0.3, 0.2], seed=2)),
+            "stream.mix.source.0.tokens_digest",
+        ),
         (PACK_BASE, dict(PACK_BASE, dataset=MixedDataset(corpus(top=600), [0.5, 0.3, 0.2], seed=2)), None),
         (FIELD_PACK, dict(FIELD_PACK, dataset=OtherDocs(60, 4)), "stream.data.type"),
     ],

@@ -69,9 +69,7 @@ class RecordingCopier:
         assert not handle.readied
         handle.readied = True
         self.log.append(("ready", handle.index))
-        self.ahead_at_ready.append(
-            sum(1 for h in self.unreleased.values() if not h.readied and h.index > handle.index)
-        )
+        self.ahead_at_ready.append(sum(1 for h in self.unreleased.values() if not h.readied and h.index > handle.index))
         return ("device", handle.index, handle.host.tensor.clone())
 
     def release(self, handle: Handle) -> None:
@@ -457,8 +455,14 @@ def test_transform_error_surfaces_at_its_batch_after_the_earlier_ones() -> None:
             raise KeyError("no threes")
         return batch
 
-    it = iter(to_device([torch.tensor([1]), torch.tensor([2]), torch.tensor([3]), torch.tensor([4])], "cpu",
-                        depth=2, transform=picky))
+    it = iter(
+        to_device(
+            [torch.tensor([1]), torch.tensor([2]), torch.tensor([3]), torch.tensor([4])],
+            "cpu",
+            depth=2,
+            transform=picky,
+        )
+    )
     assert int(next(it)[0]) == 1 and int(next(it)[0]) == 2
     with pytest.raises(KeyError, match="no threes") as caught:
         next(it)

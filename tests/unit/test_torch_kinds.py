@@ -57,9 +57,19 @@ def test_the_classes_are_torchs_kind() -> None:
     assert type(loader.batch_sampler) is tud.BatchSampler  # torch's own, as torch's loader makes it
     assert isinstance(loader.sampler, tud.RandomSampler)
     assert isinstance(st.DataLoader(Numbers()).sampler, tud.SequentialSampler)
-    for name in ("RandomSampler", "SequentialSampler", "SubsetRandomSampler", "WeightedRandomSampler",
-                 "BatchSampler", "DistributedSampler", "TensorDataset", "ConcatDataset", "ChainDataset",
-                 "Subset", "StackDataset"):
+    for name in (
+        "RandomSampler",
+        "SequentialSampler",
+        "SubsetRandomSampler",
+        "WeightedRandomSampler",
+        "BatchSampler",
+        "DistributedSampler",
+        "TensorDataset",
+        "ConcatDataset",
+        "ChainDataset",
+        "Subset",
+        "StackDataset",
+    ):
         assert issubclass(getattr(st, name), getattr(tud, name)), name
     assert isinstance(st.TensorDataset(torch.arange(4)) + st.TensorDataset(torch.arange(3)), tud.ConcatDataset)
     assert isinstance(st.random_split(Numbers(10), [4, 6])[0], tud.Subset)
@@ -71,14 +81,35 @@ def test_every_torch_attribute_is_there_with_torchs_value() -> None:
     ds, generator = Numbers(), torch.Generator().manual_seed(3)
 
     def make(mod: Any) -> Any:
-        return mod.DataLoader(ds, batch_size=8, shuffle=True, num_workers=2, drop_last=True,
-                              pin_memory=False, timeout=5, persistent_workers=True, in_order=False,
-                              generator=generator)
+        return mod.DataLoader(
+            ds,
+            batch_size=8,
+            shuffle=True,
+            num_workers=2,
+            drop_last=True,
+            pin_memory=False,
+            timeout=5,
+            persistent_workers=True,
+            in_order=False,
+            generator=generator,
+        )
 
     ours, theirs = make(st), make(tud)
-    for name in ("dataset", "batch_size", "drop_last", "num_workers", "pin_memory", "pin_memory_device",
-                 "timeout", "worker_init_fn", "multiprocessing_context", "generator", "prefetch_factor",
-                 "persistent_workers", "in_order"):
+    for name in (
+        "dataset",
+        "batch_size",
+        "drop_last",
+        "num_workers",
+        "pin_memory",
+        "pin_memory_device",
+        "timeout",
+        "worker_init_fn",
+        "multiprocessing_context",
+        "generator",
+        "prefetch_factor",
+        "persistent_workers",
+        "in_order",
+    ):
         assert getattr(ours, name) == getattr(theirs, name), name
     assert callable(ours.collate_fn)
     assert (ours.batch_sampler.batch_size, ours.batch_sampler.drop_last) == (8, True)
@@ -87,19 +118,35 @@ def test_every_torch_attribute_is_there_with_torchs_value() -> None:
 
 
 def test_recreated_from_its_attributes_with_a_new_sampler_as_frameworks_do() -> None:
-    loader = st.DataLoader(Numbers(), batch_size=8, shuffle=True, num_workers=2, max_worker_restarts=1,
-                           thread_pool=True, persistent_workers=True)
+    loader = st.DataLoader(
+        Numbers(),
+        batch_size=8,
+        shuffle=True,
+        num_workers=2,
+        max_worker_restarts=1,
+        thread_pool=True,
+        persistent_workers=True,
+    )
     # Lightning's way: the __init__ parameters that are instance attributes with other than
     # their default values, the sampler swapped
     params = inspect.signature(type(loader).__init__).parameters
     attrs = {k: v for k, v in vars(loader).items() if not k.startswith("_")}
     attrs["multiprocessing_context"] = loader.multiprocessing_context
     kwargs = {k: v for k, v in attrs.items() if k in params and params[k].default is not v}
-    kwargs.update(dataset=loader.dataset, sampler=st.DistributedSampler(loader.dataset, num_replicas=2, rank=1, shuffle=False),
-                  shuffle=False, batch_sampler=None)
+    kwargs.update(
+        dataset=loader.dataset,
+        sampler=st.DistributedSampler(loader.dataset, num_replicas=2, rank=1, shuffle=False),
+        shuffle=False,
+        batch_sampler=None,
+    )
     again = type(loader)(**kwargs)
     assert type(again) is st.DataLoader
-    assert (again.max_worker_restarts, again.thread_pool, again.persistent_workers, again.num_workers) == (1, True, True, 2)
+    assert (again.max_worker_restarts, again.thread_pool, again.persistent_workers, again.num_workers) == (
+        1,
+        True,
+        True,
+        2,
+    )
     assert sorted(flat(again)) == list(range(1, 64, 2))
 
 

@@ -243,11 +243,15 @@ def test_decode_crop_arguments_are_checked() -> None:
         DecodeCrop(224, scale=(1.0, 0.5))
     with pytest.raises(ValueError, match="ratio"):
         DecodeCrop(224, ratio=(0.0, 1.0))
-    with pytest.raises(ValueError, match=r"flip should be a finite number >= 0 and <= 1 \(a probability\), but got flip=2"):
+    with pytest.raises(
+        ValueError, match=r"flip should be a finite number >= 0 and <= 1 \(a probability\), but got flip=2"
+    ):
         DecodeCrop(224, flip=2)
     with pytest.raises(TypeError, match="flip should be a finite number"):
         DecodeCrop(224, flip="half")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"scale should be \(low, high\) with 0 < low <= high <= 1, but got scale=\(0.5, 2\)"):
+    with pytest.raises(
+        ValueError, match=r"scale should be \(low, high\) with 0 < low <= high <= 1, but got scale=\(0.5, 2\)"
+    ):
         DecodeCrop(224, scale=(0.5, 2))
     with pytest.raises(TypeError, match="generator"):
         DecodeCrop(224, generator="seed")  # type: ignore[arg-type]
@@ -273,7 +277,10 @@ def test_image_folder_has_torchvisions_classes_and_samples(folder: Path) -> None
     assert dataset.class_to_idx == {"apple": 0, "mango": 1, "zebra": 2}
     assert len(dataset) == 12 and dataset.targets == [0] * 4 + [1] * 4 + [2] * 4
     assert [os.path.relpath(p, folder) for p, _ in dataset.samples[:4]] == [
-        "apple/0.jpg", "apple/1.jpg", "apple/2.jpg", "apple/sub/3.jpg"
+        "apple/0.jpg",
+        "apple/1.jpg",
+        "apple/2.jpg",
+        "apple/sub/3.jpg",
     ]
     image, target = dataset[5]
     assert isinstance(image, Image.Image) and image.mode == "RGB" and target == 1
@@ -372,7 +379,9 @@ def test_scale_and_size_outside_their_ranges_are_value_errors() -> None:
 
 
 # ------------------------------------------------- the box's distribution
-def torchvision_get_params(height: int, width: int, scale: Any, ratio: Any, generator: Any) -> tuple[int, int, int, int]:
+def torchvision_get_params(
+    height: int, width: int, scale: Any, ratio: Any, generator: Any
+) -> tuple[int, int, int, int]:
     """`RandomResizedCrop.get_params` as torchvision documents and implements it, with torch's
     ops and float32 tensors, drawing from `generator` (torchvision draws from torch's global
     RNG): the reference the box law is checked against."""
@@ -421,14 +430,22 @@ class TorchDraws:
 
 # sizes of ImageNet's images, extremes, and scale/ratio laws that reach the fallback
 LAW_CASES = [
-    ((375, 500), SCALE, RATIO), ((500, 375), SCALE, RATIO), ((333, 500), SCALE, RATIO),
-    ((600, 800), SCALE, RATIO), ((224, 224), SCALE, RATIO), ((3, 4), SCALE, RATIO),
-    ((10, 1000), (0.9, 1.0), RATIO), ((1000, 10), (0.9, 1.0), RATIO), ((100, 110), (0.9, 1.0), RATIO),
+    ((375, 500), SCALE, RATIO),
+    ((500, 375), SCALE, RATIO),
+    ((333, 500), SCALE, RATIO),
+    ((600, 800), SCALE, RATIO),
+    ((224, 224), SCALE, RATIO),
+    ((3, 4), SCALE, RATIO),
+    ((10, 1000), (0.9, 1.0), RATIO),
+    ((1000, 10), (0.9, 1.0), RATIO),
+    ((100, 110), (0.9, 1.0), RATIO),
     ((375, 500), (0.5, 0.9), (0.5, 2.0)),
 ]
 
 
-@pytest.mark.parametrize(("shape", "scale", "ratio"), LAW_CASES, ids=[f"{c[0][0]}x{c[0][1]}-{c[1]}-{c[2]}" for c in LAW_CASES])
+@pytest.mark.parametrize(
+    ("shape", "scale", "ratio"), LAW_CASES, ids=[f"{c[0][0]}x{c[0][1]}-{c[1]}-{c[2]}" for c in LAW_CASES]
+)
 def test_crop_box_is_torchvisions_get_params_draw_for_draw(shape: tuple[int, int], scale: Any, ratio: Any) -> None:
     """Given torch's draws, crop_box makes torchvision's boxes: the same tries, rounding,
     bounds and fallback. (torchvision takes log(ratio) and exp in float32, crop_box in
@@ -609,7 +626,7 @@ def test_normalize_on_the_device_equals_to_tensor_and_normalize(real_jpegs: list
     crop = DecodeCrop(64, generator=0)
     images = torch.from_numpy(np.stack([crop(path) for path in real_jpegs[:8]]))
     labels = torch.arange(8)
-    (moved, moved_labels), = list(to_device([(images, labels)], "cpu", transform=normalize(mean, std)))
+    ((moved, moved_labels),) = list(to_device([(images, labels)], "cpu", transform=normalize(mean, std)))
     want = (images.float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
     assert moved.dtype == torch.float32 and torch.equal(moved_labels, labels)
     assert torch.allclose(moved, want, atol=1e-5)
@@ -639,7 +656,9 @@ def test_a_box_decoded_at_a_reduced_scale_is_sampled_at_its_exact_edges() -> Non
     data = jpeg(PHOTOS[0], (1024, 768))
     full = simplejpeg.decode_jpeg(data)
     for box, reduction in [((3, 5, 701, 937), 2), ((0, 0, 768, 1024), 2), ((101, 77, 470, 500), 2)]:
-        scaled = simplejpeg.decode_jpeg(data, min_height=math.ceil(768 / reduction), min_width=math.ceil(1024 / reduction))
+        scaled = simplejpeg.decode_jpeg(
+            data, min_height=math.ceil(768 / reduction), min_width=math.ceil(1024 / reduction)
+        )
         warped = _crop._finish_scaled(cv2, scaled, 1024, 768, box, (224, 224), False)
         pillow = _crop._finish(Image.fromarray(scaled), 1024, 768, box, (224, 224), False)
         top, left, h, w = box

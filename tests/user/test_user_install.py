@@ -40,8 +40,11 @@ GUIDE_BLOCKS = [b for page in GUIDES for b in page_blocks(page)]
 
 
 def test_this_is_the_users_install() -> None:
-    present = {m for m in ("s3fs", "boto3", "botocore", "aiobotocore", "moto", "webdataset", "datasets")
-               if importlib.util.find_spec(m) is not None}
+    present = {
+        m
+        for m in ("s3fs", "boto3", "botocore", "aiobotocore", "moto", "webdataset", "datasets")
+        if importlib.util.find_spec(m) is not None
+    }
     assert not present, f"the user tier's venv holds {sorted(present)}: it should hold stoker's extras alone"
     for needed in ("obstore", "fsspec", "pyarrow", "torch"):
         assert importlib.util.find_spec(needed) is not None, needed
@@ -97,10 +100,15 @@ def test_a_multi_worker_epoch(s3_url: str, tmp_path: Path, context: str) -> None
         # the forkserver was started with this process's environment of then (before this
         # test pointed it at the server), and its workers inherit that: name the server
         env = client_env(os.environ["AWS_ENDPOINT_URL"])
-        options = {"endpoint_url": env["AWS_ENDPOINT_URL"], "key": env["AWS_ACCESS_KEY_ID"],
-                   "secret": env["AWS_SECRET_ACCESS_KEY"], "region": env["AWS_REGION"]}
-    data = ShardedDataset(f"{s3_url}/train", cache_dir=str(tmp_path / "cache"), cache_bytes=cap,
-                          storage_options=options)
+        options = {
+            "endpoint_url": env["AWS_ENDPOINT_URL"],
+            "key": env["AWS_ACCESS_KEY_ID"],
+            "secret": env["AWS_SECRET_ACCESS_KEY"],
+            "region": env["AWS_REGION"],
+        }
+    data = ShardedDataset(
+        f"{s3_url}/train", cache_dir=str(tmp_path / "cache"), cache_bytes=cap, storage_options=options
+    )
     sampler = ShardedSampler(data, seed=1, window_shards=2)
     loader = st.DataLoader(data, batch_size=16, sampler=sampler, num_workers=2, multiprocessing_context=context)
     for epoch in range(2):
@@ -145,8 +153,14 @@ def test_an_unreadable_shard_is_the_documented_error(
         at = len(blob) // 2
         s3_server.put_object(bucket, urllib.parse.unquote(key), blob[:at] + bytes([blob[at] ^ 0xFF]) + blob[at + 1 :])
     data = ShardedDataset(url, cache_dir=str(tmp_path / "cache"), store_retries=1)
-    loader = st.DataLoader(data, batch_size=16, sampler=ShardedSampler(data, shuffle=False), num_workers=2,
-                           multiprocessing_context="fork", timeout=60)
+    loader = st.DataLoader(
+        data,
+        batch_size=16,
+        sampler=ShardedSampler(data, shuffle=False),
+        num_workers=2,
+        multiprocessing_context="fork",
+        timeout=60,
+    )
     expected = MissingObjectError if kind == "deleted" else CorruptShardError
     batches = iter(loader)
     try:

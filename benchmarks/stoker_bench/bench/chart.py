@@ -39,7 +39,8 @@ def figure(report: dict[str, Any]) -> Any:
     import matplotlib.pyplot as plt
 
     rows = [
-        r for r in report["results"]
+        r
+        for r in report["results"]
         if r["unit"] == "samples/s" and r["variant"] not in STATS_VARIANTS and r["variant"] != AUTO_REF
     ]
 
@@ -88,8 +89,13 @@ def figure(report: dict[str, Any]) -> Any:
             ax.bar(xs, [e["ratio"] for e in auto], color=_colour("stoker"))
             for x, entry in zip(xs, auto):
                 chosen = ",".join(map(str, sorted(set(entry["chosen_workers"]))))
-                ax.annotate(f"chose w={chosen}\nbest w={entry['best_workers']}", (x, entry["ratio"]),
-                            ha="center", va="bottom", fontsize=6)
+                ax.annotate(
+                    f"chose w={chosen}\nbest w={entry['best_workers']}",
+                    (x, entry["ratio"]),
+                    ha="center",
+                    va="bottom",
+                    fontsize=6,
+                )
             ax.axhline(AUTO_VS_BEST_MIN, color="#c0392b", linestyle="--", label=f"target >= {AUTO_VS_BEST_MIN:g}")
             ax.set_xticks(xs, [e["workload"] for e in auto])
             ax.set_ylim(0, max(1.15, *(e["ratio"] * 1.15 for e in auto)))

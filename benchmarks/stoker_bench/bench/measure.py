@@ -282,7 +282,10 @@ def torch_free_first_batch(method: str, mb: int, workers: int = 2) -> dict[str, 
 
     done = subprocess.run(
         [sys.executable, "-c", _TORCH_FREE_CODE, method, str(mb), str(workers)],
-        capture_output=True, text=True, timeout=300, check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     if done.returncode != 0:
         raise RuntimeError(f"W5 torch-free {method}: the subprocess failed ({done.returncode}): {done.stderr[-2000:]}")

@@ -83,7 +83,11 @@ def table(report: dict[str, Any]) -> str:
             lines.append(
                 f"  {r['variant']:<30} {r['median']:.3f} s; import {statistics.median(r['extra']['import_s']):.3f} s, "
                 f"dataset + loader {statistics.median(r['extra']['make_s']):.3f} s; "
-                + (f"FLAGGED: torch imported in {imported} of {len(r['values'])} runs" if imported else "torch not imported")
+                + (
+                    f"FLAGGED: torch imported in {imported} of {len(r['values'])} runs"
+                    if imported
+                    else "torch not imported"
+                )
             )
     if report.get("stats_overhead"):
         lines.append("")
@@ -112,7 +116,9 @@ def table(report: dict[str, Any]) -> str:
         for entry in auto["workloads"]:
             first = ""
             if entry.get("auto_first_s") is not None and entry.get("best_first_s") is not None:
-                first = f"; first batch after {entry['auto_first_s'] * 1e3:.0f} ms vs {entry['best_first_s'] * 1e3:.0f} ms"
+                first = (
+                    f"; first batch after {entry['auto_first_s'] * 1e3:.0f} ms vs {entry['best_first_s'] * 1e3:.0f} ms"
+                )
             lines.append(
                 f"  {entry['workload']}  auto {_fmt_rate(entry['auto'])}/s vs {_fmt_rate(entry['best'])}/s at "
                 f"w={entry['best_workers']} (medians): {entry['ratio']:.2f}x "
@@ -139,8 +145,7 @@ def table(report: dict[str, Any]) -> str:
     )
     if short:
         lines.append(
-            "epochs too short for a steady-state window, rate from iter() to the end instead: "
-            + ", ".join(short)
+            "epochs too short for a steady-state window, rate from iter() to the end instead: " + ", ".join(short)
         )
     two = report["machine"].get("memcpy2_gbps")
     lines.append(
@@ -158,7 +163,6 @@ def table(report: dict[str, Any]) -> str:
             label = "INFO  " if t["met"] is None else "MET   " if t["met"] else "MISSED"
             lines.append(f"  {label} {t['target']}: {t['shown']}")
     return "\n".join(lines)
-
 
 
 def save_json(report: dict[str, Any], path: str) -> None:

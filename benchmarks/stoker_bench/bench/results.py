@@ -207,7 +207,10 @@ def targets(rows: list[Result], ceiling: float, ceiling2: float | None = None) -
         ratio_target(f"W7 b256 w={workers}", "W7", need, "b256", workers=workers)
     if w7_workers:
         workers = w7_workers[-1]
-        b256, b64 = _find(rows, "W7", "stoker.torch", workers, "b256"), _find(rows, "W7", "stoker.torch", workers, "b64")
+        b256, b64 = (
+            _find(rows, "W7", "stoker.torch", workers, "b256"),
+            _find(rows, "W7", "stoker.torch", workers, "b64"),
+        )
         if b256 is not None and b64 is not None and b256.main_us_per_batch and b64.main_us_per_batch:
             growth = b256.main_us_per_batch / b64.main_us_per_batch
             out.append(
@@ -358,13 +361,8 @@ def w3_scaling(rows: list[Result]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         base = _find(rows, "W3", r.loader, 0)
-        if (
-            r.workload == "W3" and r.variant == "" and isinstance(r.workers, int) and r.workers > 0
-            and base is not None
-        ):
-            out.append(
-                {"loader": r.loader, "workers": r.workers, "scaling": r.median / (r.workers * base.median)}
-            )
+        if r.workload == "W3" and r.variant == "" and isinstance(r.workers, int) and r.workers > 0 and base is not None:
+            out.append({"loader": r.loader, "workers": r.workers, "scaling": r.median / (r.workers * base.median)})
     return out
 
 

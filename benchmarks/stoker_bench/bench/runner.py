@@ -217,6 +217,7 @@ def _jobs(
             holder = HoldsArray(mb << 20)
             for method in methods:
                 for name, mod in mods.items():
+
                     def make(mod: Any = mod, method: str = method, holder: HoldsArray = holder) -> Any:
                         return mod.DataLoader(holder, batch_size=4, num_workers=2, multiprocessing_context=method)
 
@@ -225,11 +226,16 @@ def _jobs(
         small = min(s.w5_mb)
         for method in methods:
             jobs.append(
-                ("W5", "stoker", 2, f"{TORCH_FREE} {method} {small} MB", functools.partial(torch_free_first_batch, method, small))
+                (
+                    "W5",
+                    "stoker",
+                    2,
+                    f"{TORCH_FREE} {method} {small} MB",
+                    functools.partial(torch_free_first_batch, method, small),
+                )
             )
     if "W6" in plan.workloads and any(w > 0 for w in plan.workers):
         for name, mod in mods.items():
-
             # stoker's opt-in next-epoch prefetch (auto_reload=True) beside its default, which
             # starts each epoch at iter() as torch does
             reloads = (False, True) if name.startswith("stoker") else (False,)
@@ -293,15 +299,16 @@ def run(plan: Plan, progress: bool = True) -> dict[str, Any]:
         "reps": plan.reps,
         "sizes": asdict(plan.sizes),
         "results": [
-            asdict(r) | {"median": r.median, "gbps": r.gbps(), "main_us_per_batch": r.main_us_per_batch}
-            for r in rows
+            asdict(r) | {"median": r.median, "gbps": r.gbps(), "main_us_per_batch": r.main_us_per_batch} for r in rows
         ],
         "w3_scaling": w3_scaling(rows),
         "arena": arena_use(rows),
         "stats_overhead": stats_overhead(rows),
         "auto": {
             "run": auto,
-            "note": None if unsupported is None else f'num_workers="auto" not run: this stoker refuses it ({unsupported})',
+            "note": None
+            if unsupported is None
+            else f'num_workers="auto" not run: this stoker refuses it ({unsupported})',
             "workloads": auto_vs_best(rows),
         },
         "targets": targets(rows, ceiling, ceiling2),

@@ -265,7 +265,6 @@ def _iterable_for(name: str, n: int) -> Any:
     return StokerStream(n)
 
 
-
 @dataclass
 class Sizes:
     w1: int = 200_000
@@ -290,7 +289,17 @@ class Sizes:
     @classmethod
     def quick(cls) -> Sizes:
         return cls(
-            w1=20_000, w2=1024, w3=256, w4=20_000, w5_mb=(10, 50), w6_images=256, w6_epochs=3,
-            w7_sources=200, w7_min_batches=6, w7_base_batches=4, w7_batches_per_worker=4, stats_pairs=2,
+            w1=20_000,
+            w2=1024,
+            w3=256,
+            w4=20_000,
+            w5_mb=(10, 50),
+            w6_images=256,
+            w6_epochs=3,
+            w7_sources=200,
+            w7_min_batches=6,
+            w7_base_batches=4,
+            w7_batches_per_worker=4,
+            stats_pairs=2,
             w8_images=448,  # 67 MB
         )

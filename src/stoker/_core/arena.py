@@ -187,9 +187,7 @@ class _Unmap:
         _munmap(self.address, self.size)
 
 
-def map_fd(
-    fd: int, size: int, private: bool = False, what: str = "shared-memory slot", populate: bool = False
-) -> Any:
+def map_fd(fd: int, size: int, private: bool = False, what: str = "shared-memory slot", populate: bool = False) -> Any:
     """Map a shared-memory fd; the fd may be closed at once (Python's mmap would keep a dup).
 
     `private` maps copy-on-write: writes stay in this process. `populate` fills the page

@@ -142,9 +142,7 @@ def predicted_rate(workers: int, batch_s: float, main_s: float, cpus: int, nbyte
     return min(1.0 / main_s, workers / worker_s, cpus / (worker_s + main_s))
 
 
-def choose_workers(
-    batch_s: float, main_s: float, cpus: int, cap: int, nbytes: int = 0
-) -> tuple[int, float, float]:
+def choose_workers(batch_s: float, main_s: float, cpus: int, cap: int, nbytes: int = 0) -> tuple[int, float, float]:
     """(workers, predicted rate, inline rate) for a batch's cost and bytes, the main
     process's cost and the CPUs."""
     inline = predicted_rate(0, batch_s, main_s, cpus)
@@ -178,9 +176,7 @@ def probe_indices(length: int, batch: int, count: int) -> list[list[int]]:
     return [[(k * step + j) % length for j in range(min(batch, length))] for k in range(count)]
 
 
-def probe(
-    dataset: Any, collate_fn: Callable[[Any], Any], batch: int, auto_collation: bool
-) -> tuple[list[float], int]:
+def probe(dataset: Any, collate_fn: Callable[[Any], Any], batch: int, auto_collation: bool) -> tuple[list[float], int]:
     """Fetch and collate probe batches in this process: (seconds per batch, bytes of one)."""
     try:
         length = len(dataset)
@@ -233,7 +229,9 @@ def choose(
         n = workers if workers is not None else start_workers(cpus)
         reason = f"num_workers={n} (auto: probing a batch raised {type(exc).__name__}; {cpus} usable CPUs)"
         return Choice(n, (START_PREFETCH if auto_prefetch else prefetch_factor) if n else None, reason)
-    return decide(times, nbytes, cpus=cpus, workers=workers, prefetch_factor=prefetch_factor, auto_prefetch=auto_prefetch)
+    return decide(
+        times, nbytes, cpus=cpus, workers=workers, prefetch_factor=prefetch_factor, auto_prefetch=auto_prefetch
+    )
 
 
 def decide(
@@ -303,7 +301,9 @@ class Head:
     def done(self) -> bool:
         """Enough is measured to choose."""
         count, total = len(self.times), sum(self.times)
-        return (count >= PROBE_BATCHES and total >= PROBE_MIN_S) or total >= PROBE_BUDGET_S or count >= PROBE_MAX_BATCHES
+        return (
+            (count >= PROBE_BATCHES and total >= PROBE_MIN_S) or total >= PROBE_BUDGET_S or count >= PROBE_MAX_BATCHES
+        )
 
     def decide(self) -> Choice:
         if not self.times:  # every batch raised (or the epoch was empty): nothing measured

@@ -319,9 +319,7 @@ class DeviceLoader(Generic[H]):
     """An iterable over `loader`'s batches on a device: every `iter()` is a new pass over
     `iter(loader)`, copied ahead by `depth` batches. `len()` is the loader's, where it has one."""
 
-    def __init__(
-        self, loader: Iterable[Any], copier: Copier[H], depth: int = DEFAULT_DEPTH
-    ) -> None:
+    def __init__(self, loader: Iterable[Any], copier: Copier[H], depth: int = DEFAULT_DEPTH) -> None:
         self.loader = loader
         self.copier = copier
         self.depth = check_depth(depth)
@@ -388,8 +386,7 @@ def resolve_device(device: object) -> Any:
             else f"torch {torch.__version__} (CUDA {built}) finds no usable GPU"
         )
         raise ValueError(
-            f"device {str(resolved)!r} does not exist: CUDA is not available here ({why}); "
-            f"the only device is 'cpu'"
+            f"device {str(resolved)!r} does not exist: CUDA is not available here ({why}); the only device is 'cpu'"
         )
     count = torch.cuda.device_count()
     index = torch.cuda.current_device() if resolved.index is None else resolved.index
@@ -467,9 +464,7 @@ def to_device(
     depth = check_depth(depth)
     check_callable("transform", transform, none_ok=True, takes="one batch")
     resolved = resolve_device(default_device() if device is None else device)
-    copier: Copier[Any] = (
-        HostCopier(transform) if resolved.type == "cpu" else CudaCopier(resolved, transform)
-    )
+    copier: Copier[Any] = HostCopier(transform) if resolved.type == "cpu" else CudaCopier(resolved, transform)
     return DeviceLoader(loader, copier, depth)
 
 

@@ -555,9 +555,7 @@ class ProcessEngine:
         discarding their replies meanwhile: a worker blocked writing a large reply to a
         full socket must not make the join wait out its timeout."""
         live = {p.sentinel: p for p in processes if p.exitcode is None}
-        readers = {
-            conn.fileno(): worker_id for worker_id, conn in enumerate(self._results) if conn is not None
-        }
+        readers = {conn.fileno(): worker_id for worker_id, conn in enumerate(self._results) if conn is not None}
         deadline = None if timeout is None else time.monotonic() + timeout
         while live:
             remaining = None if deadline is None else deadline - time.monotonic()

@@ -67,9 +67,7 @@ class WorkerDiedError(RuntimeError):
         self.exitcode = exitcode
         self.batch = batch
         self.index = index
-        super().__init__(
-            f"DataLoader worker {worker_id} (pid {pid}) {describe_exit(exitcode)}{detail}"
-        )
+        super().__init__(f"DataLoader worker {worker_id} (pid {pid}) {describe_exit(exitcode)}{detail}")
 
 
 class WorkerRestartWarning(RuntimeWarning):
@@ -174,9 +172,7 @@ class ExceptionInfo:
         message = f"Caught {self.type_name()} {self.where}: {self.message}"
         # before 3.11 a traceback prints no notes: the cause then says where, as the note would
         said = "" if sys.version_info >= (3, 11) else f"\n\n{message}"
-        cause = RemoteTraceback(
-            f"{said}\n\nTraceback in the worker ({self.where}):\n\"\"\"\n{self.traceback}\"\"\""
-        )
+        cause = RemoteTraceback(f'{said}\n\nTraceback in the worker ({self.where}):\n"""\n{self.traceback}"""')
         exc = self._rebuild_typed(message)
         exc.__cause__ = cause
         return exc
@@ -184,8 +180,10 @@ class ExceptionInfo:
     def _rebuild_typed(self, message: str) -> BaseException:
         exc_type = self.exc_type
         # StopIteration would silently end the user's loop; the others are not the user's.
-        if exc_type is None or issubclass(exc_type, (StopIteration, StopAsyncIteration)) or not issubclass(
-            exc_type, Exception
+        if (
+            exc_type is None
+            or issubclass(exc_type, (StopIteration, StopAsyncIteration))
+            or not issubclass(exc_type, Exception)
         ):
             return WorkerError(message, self.type_name())
         try:

@@ -75,9 +75,7 @@ class MapFetcher:
         self.rank = rank
         self.timed = timed
         self.timing: tuple[int, float, float] = (0, 0.0, 0.0)  # the last fetch's (samples, fetch_s, collate_s)
-        self._getitems = (
-            getattr(dataset, "__getitems__", None) if auto_collation and fetches_batches(dataset) else None
-        )
+        self._getitems = getattr(dataset, "__getitems__", None) if auto_collation and fetches_batches(dataset) else None
 
     def reset(self) -> None:
         """A new epoch; map-style fetching keeps no state."""
@@ -249,6 +247,4 @@ def make_fetcher(
     `timed` keeps each fetch's `timing`."""
     if dataset_kind == "map":
         return MapFetcher(dataset, auto_collation, collate_fn, base_seed, timed, rank)
-    return IterableFetcher(
-        dataset, auto_collation, collate_fn, drop_last, base_seed, worker_id, resume, timed, rank
-    )
+    return IterableFetcher(dataset, auto_collation, collate_fn, drop_last, base_seed, worker_id, resume, timed, rank)

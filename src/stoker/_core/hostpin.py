@@ -151,9 +151,7 @@ class CudaRegistrar:
 
     def pinned_copy(self, tensor: Any) -> Any:
         # torch's caching host allocator: it tracks the streams of the copies that read it
-        copied = self._torch.empty_strided(
-            tensor.size(), tensor.stride(), dtype=tensor.dtype, pin_memory=True
-        )
+        copied = self._torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, pin_memory=True)
         return copied.copy_(tensor)
 
 
@@ -257,7 +255,6 @@ class Registry:
             elif hasattr(item, "pin_memory") and not isinstance(item, type):
                 return False  # a custom batch type: its own pin_memory() decides
         return True
-
 
     def copied(self, batch: Any) -> Any:
         """`batch` with every array that lies in a registered slot replaced by a copy: a tensor

@@ -70,7 +70,9 @@ class LoaderIterator(Generic[T]):
         # The sampler's iterator exists before the workers' base seed is drawn, as in torch,
         # so a shared generator is consumed in the same order.
         self._progress = Progress(
-            None if plan.iterable else plan.index_sampler, plan.seed_source, plan.persistent,
+            None if plan.iterable else plan.index_sampler,
+            plan.seed_source,
+            plan.persistent,
             num_workers=plan.num_workers,
         )
         self._replica_of: dict[int, tuple[int, list[Any]]] = {}  # task -> (worker, [state, drawn])
@@ -123,9 +125,7 @@ class LoaderIterator(Generic[T]):
         if plan.iterable:
             iterable_index["iterable_index"] = plan.batch_size if plan.auto_collation else None
         workers = max(plan.num_workers, 1)
-        self._scheduler = Scheduler(
-            workers, plan.window, plan.in_order, first_epoch=plan.first_epoch, **iterable_index
-        )
+        self._scheduler = Scheduler(workers, plan.window, plan.in_order, first_epoch=plan.first_epoch, **iterable_index)
         start, skip, first_worker = 0, [], 0
         if plan.resume is not None:
             start, skip = plan.resume["position"], plan.resume.get("delivered_after", [])
@@ -266,7 +266,6 @@ class LoaderIterator(Generic[T]):
     @_started_current.setter
     def _started_current(self, value: bool) -> None:
         self._progress.started = value
-
 
     # ------------------------------------------------------------- iteration
     def __iter__(self) -> LoaderIterator[T]:

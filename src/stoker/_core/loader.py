@@ -603,7 +603,13 @@ class DataLoader(Generic[T_co]):
             # persistent workers), continued by a new iterator
             origin = self._latest.take_pending(self._epochs_started)
             if origin is not None:
-                resume = {"epoch": self._epochs_started, "position": 0, "origin": origin, "drawn": True, "base_seed": None}
+                resume = {
+                    "epoch": self._epochs_started,
+                    "position": 0,
+                    "origin": origin,
+                    "drawn": True,
+                    "base_seed": None,
+                }
         iterator: LoaderIterator[Any] = LoaderIterator(self._plan(resume), begun)
         self._latest = iterator.progress
         self._last_iterator = weakref.ref(iterator)

@@ -63,9 +63,7 @@ def _openblas_names(verb: str) -> list[str]:
     # vanilla OpenBLAS, and scipy-openblas (numpy's and scipy's wheels): prefixed, and
     # suffixed in its ILP64 build
     return [
-        f"{prefix}openblas_{verb}_num_threads{suffix}"
-        for prefix in ("", "scipy_")
-        for suffix in ("", "64_", "_64")
+        f"{prefix}openblas_{verb}_num_threads{suffix}" for prefix in ("", "scipy_") for suffix in ("", "64_", "_64")
     ]
 
 
@@ -212,9 +210,7 @@ class AfterImport:
 
         loader.exec_module = exec_then_call
 
-    def _fire(
-        self, fullname: str, callback: Callable[[ModuleType], object], module: ModuleType
-    ) -> None:
+    def _fire(self, fullname: str, callback: Callable[[ModuleType], object], module: ModuleType) -> None:
         with self._lock:
             self._pending.pop(fullname, None)
             done = not self._pending

@@ -53,8 +53,7 @@ def pin_function(pin_memory_device: str, stacklevel: int) -> Callable[[Any], Any
         import torch
     except ImportError:
         warnings.warn(
-            "'pin_memory' argument is set as true but torch is not installed, "
-            "then device pinned memory won't be used.",
+            "'pin_memory' argument is set as true but torch is not installed, then device pinned memory won't be used.",
             stacklevel=stacklevel,
         )
         return None
@@ -194,11 +193,7 @@ class _Shared:
         self.init_error: BaseException | None = None
 
     def has(self, key: int) -> bool:
-        return (
-            key in self.queued
-            or key in self.ready
-            or (key == self.in_flight and self.keep_in_flight)
-        )
+        return key in self.queued or key in self.ready or (key == self.in_flight and self.keep_in_flight)
 
     def pending(self) -> int:
         return len(self.queued) + len(self.ready) + self.keeping_in_flight()
@@ -304,9 +299,7 @@ class PinThread:
             if shared.closed:
                 raise RuntimeError("the pin_memory thread is closed; no batch can be pinned")
             if shared.has(key):
-                raise ValueError(
-                    f"a batch with key {key} is already pending in the pin_memory thread"
-                )
+                raise ValueError(f"a batch with key {key} is already pending in the pin_memory thread")
             shared.queued[key] = batch
             shared.cond.notify_all()
 
@@ -355,9 +348,7 @@ class PinThread:
             if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise TimeoutError(
-                        f"the pin_memory thread did not pin batch {key} within {timeout} s"
-                    )
+                    raise TimeoutError(f"the pin_memory thread did not pin batch {key} within {timeout} s")
                 wait = min(wait, remaining)
             shared.cond.wait(wait)
 

@@ -179,9 +179,7 @@ def resolve_workers(
             f"but got max_worker_restarts={max_worker_restarts}"
         )
     if given < 0:
-        raise ValueError(
-            "num_workers option should be non-negative; use num_workers=0 to disable multiprocessing."
-        )
+        raise ValueError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing.")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"timeout should be a number of seconds, but got timeout={timeout!r}")
     if timeout < 0:
@@ -272,9 +270,7 @@ def resolve_batchify(collate_fn: Any, batchify_fn: Any) -> Any:
 def check_last_batch(last_batch: Any) -> None:
     """`last_batch` is one of MXNet Gluon's choices or None."""
     if last_batch is not None and last_batch not in LAST_BATCH_CHOICES:
-        raise ValueError(
-            f"last_batch should be one of {LAST_BATCH_CHOICES} or None, but got last_batch={last_batch!r}"
-        )
+        raise ValueError(f"last_batch should be one of {LAST_BATCH_CHOICES} or None, but got last_batch={last_batch!r}")
 
 
 def resolve_context(context: Any, num_workers: int, auto: bool) -> BaseContext | None:
@@ -355,7 +351,13 @@ def resolve_batching(
 
 
 def resolve_shuffle(
-    flavour: Flavour, dataset: Any, iterable: bool, *, shuffle: Any, sampler: Any, batch_sampler: Any,
+    flavour: Flavour,
+    dataset: Any,
+    iterable: bool,
+    *,
+    shuffle: Any,
+    sampler: Any,
+    batch_sampler: Any,
     last_batch: str | None,
 ) -> bool:
     """Whether the loader shuffles (its default sampler is random). An IterableDataset takes

@@ -228,9 +228,7 @@ _dtype_cache: list[frozenset[Any]] = []
 
 def _numpy_compatible_dtypes(torch: Any) -> frozenset[Any]:
     if not _dtype_cache:
-        names = (
-            "bool uint8 int8 int16 int32 int64 float16 float32 float64 complex64 complex128"
-        ).split()
+        names = ("bool uint8 int8 int16 int32 int64 float16 float32 float64 complex64 complex128").split()
         _dtype_cache.append(frozenset(getattr(torch, n) for n in names))
     return _dtype_cache[0]
 

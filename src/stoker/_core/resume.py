@@ -121,6 +121,7 @@ class Progress:
             self.frozen = self.point()
             self.stopped = True
             self.scheduler = None
+
     pending: tuple[int, dict[str, Any]] | None = None  # a resumed state's next epoch, already drawn
 
     def take_pending(self, epoch: int) -> dict[str, Any] | None:
@@ -211,7 +212,11 @@ def _sources(index_sampler: Any, seed_source: RandomSource) -> list[RandomSource
     """The random streams an epoch draws from, each once, in a fixed order."""
     found: list[RandomSource] = []
     keys: set[tuple[Any, ...]] = set()
-    for candidate in (seed_source, getattr(index_sampler, "_source", None), getattr(_inner(index_sampler), "_source", None)):
+    for candidate in (
+        seed_source,
+        getattr(index_sampler, "_source", None),
+        getattr(_inner(index_sampler), "_source", None),
+    ):
         if isinstance(candidate, RandomSource) and candidate.key() not in keys:
             keys.add(candidate.key())
             found.append(candidate)
@@ -398,9 +403,7 @@ def make_elastic(state: dict[str, Any], index_sampler: Any, batch_size: int | No
     if getattr(index_sampler, "last_batch", None) == "rollover":
         raise ValueError("an elastic resume (another world size or rank) cannot carry rollover indices")
     if state.get("delivered_after"):
-        raise ValueError(
-            "an elastic resume (another world size or rank) needs a state saved with in_order=True"
-        )
+        raise ValueError("an elastic resume (another world size or rank) needs a state saved with in_order=True")
     consumed = int(state["position"]) * (batch_size or 1)
     sharded.resume_elastic(consumed, config["num_replicas"], config["total_size"])
     elastic = dict(state, position=0, delivered_after=[], next_origin=None)
@@ -413,9 +416,7 @@ def check(state: Any, config: dict[str, Any]) -> None:
     if not isinstance(state, dict) or "version" not in state:
         raise ValueError("load_state_dict expects a dict made by DataLoader.state_dict() (with a 'version' key)")
     if state["version"] != VERSION:
-        raise ValueError(
-            f"this DataLoader state has version {state['version']!r}; this stoker reads version {VERSION}"
-        )
+        raise ValueError(f"this DataLoader state has version {state['version']!r}; this stoker reads version {VERSION}")
     saved = state.get("config")
     if not isinstance(saved, dict):
         raise ValueError("this DataLoader state lacks its 'config' (what it was saved over); it was not applied")
@@ -426,8 +427,7 @@ def check(state: Any, config: dict[str, Any]) -> None:
     ]
     if differ:
         raise ValueError(
-            "this DataLoader state comes from another configuration and was not applied; "
-            + "; ".join(differ)
+            "this DataLoader state comes from another configuration and was not applied; " + "; ".join(differ)
         )
 
 

@@ -416,9 +416,7 @@ class Scheduler:
 
     def ready_count(self) -> int:
         """Batches that have arrived and are not delivered yet (every open epoch)."""
-        return sum(
-            sum(1 for reply in epoch.ready.values() if isinstance(reply, Done)) for epoch in self._epochs
-        )
+        return sum(sum(1 for reply in epoch.ready.values() if isinstance(reply, Done)) for epoch in self._epochs)
 
     @property
     def in_flight(self) -> int:

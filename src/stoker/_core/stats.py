@@ -141,15 +141,16 @@ class LoaderStats:
         busy = sum(w.busy_s for w in self.workers)
         split = f" (fetch {fetch / busy:.0%}, collate {collate / busy:.0%})" if busy > 0 else ""
         restarts = sum(w.restarts for w in self.workers)
-        who = "main process" if self.num_workers == 0 else (
-            f"{self.num_workers} {'thread' if self.thread_pool else 'process'} workers"
+        who = (
+            "main process"
+            if self.num_workers == 0
+            else (f"{self.num_workers} {'thread' if self.thread_pool else 'process'} workers")
         )
         return (
             f"epoch {self.epoch}: {self.batches} batches, {self.samples} samples "
             f"({self.samples_per_s:,.0f}/s, {_size(self.bytes_per_s)}/s) in {self.elapsed_s:.2f} s; "
             f"readiness {self.readiness:.2f} (waited {self.wait_s:.2f} s); {self.ready} ready; "
-            f"{who} busy {self.workers_busy:.0%}{split}"
-            + (f"; {restarts} restarts" if restarts else "")
+            f"{who} busy {self.workers_busy:.0%}{split}" + (f"; {restarts} restarts" if restarts else "")
         )
 
 
@@ -364,8 +365,16 @@ def _dataclass(obj: Any) -> int:
 
 
 _HANDLERS: dict[type, Any] = {
-    np.ndarray: _nbytes, dict: _mapping, list: _sequence, tuple: _sequence,
-    int: _zero, float: _zero, str: _zero, bytes: _zero, bool: _zero, type(None): _zero,
+    np.ndarray: _nbytes,
+    dict: _mapping,
+    list: _sequence,
+    tuple: _sequence,
+    int: _zero,
+    float: _zero,
+    str: _zero,
+    bytes: _zero,
+    bool: _zero,
+    type(None): _zero,
 }
 
 

@@ -77,8 +77,12 @@ class DataLoader(_loader.DataLoader[T_co], _td.DataLoader[T_co]):  # type: ignor
         # loaded, as torch's loader (which has no state) does under them.
         state, reason = self._state_or_reason()
         if state is None:
-            return {"version": _loader.STATE_VERSION, "stream_without_state": type(self.dataset).__name__,
-                    "reason": reason, "epoch": self._epochs_started}
+            return {
+                "version": _loader.STATE_VERSION,
+                "stream_without_state": type(self.dataset).__name__,
+                "reason": reason,
+                "epoch": self._epochs_started,
+            }
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

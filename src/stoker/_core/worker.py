@@ -422,7 +422,9 @@ def run_worker(
                 reply = _serve(fetcher, message, init_error, label, iterable, config.thread, batch_seed, config.rank)
             else:
                 with around_fetch(message):
-                    reply = _serve(fetcher, message, init_error, label, iterable, config.thread, batch_seed, config.rank)
+                    reply = _serve(
+                        fetcher, message, init_error, label, iterable, config.thread, batch_seed, config.rank
+                    )
             if timed and isinstance(reply, Done):
                 reply, start, unreported = with_work(reply, fetcher, unreported, start), clock(), 0.0
             send(reply)

@@ -80,8 +80,7 @@ def _check_same_type(batch: Sequence[Any], kind: type | tuple[type, ...], what: 
     for i, item in enumerate(batch):
         if not isinstance(item, kind):
             raise CollateTypeError(
-                f"sample 0 has {what} ({type(batch[0]).__name__}) but sample {i} has "
-                f"{type(item).__name__}"
+                f"sample 0 has {what} ({type(batch[0]).__name__}) but sample {i} has {type(item).__name__}"
             )
     return False
 

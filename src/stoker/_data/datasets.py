@@ -362,7 +362,4 @@ def split_randomly(
     means, `subset` the class of the subsets."""
     sizes = _split_lengths(len(dataset), lengths)  # type: ignore[arg-type]
     order = RandomSource(generator, flavour).draws().permutation(sum(sizes))
-    return [
-        subset(dataset, order[end - size : end])
-        for end, size in zip(itertools.accumulate(sizes), sizes)
-    ]
+    return [subset(dataset, order[end - size : end]) for end, size in zip(itertools.accumulate(sizes), sizes)]

@@ -276,8 +276,12 @@ def rank_share_kind(cls: type) -> type:
         return cls
     kind = _RANK_SHARE_KINDS.get(cls)
     if kind is None:
-        namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
-                     "_plain_kind": cls}
+        namespace = {
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "__doc__": cls.__doc__,
+            "_plain_kind": cls,
+        }
         kind = _RANK_SHARE_KINDS.setdefault(cls, type(cls.__name__, (cls, td.DistributedSampler), namespace))
     return kind
 

@@ -43,7 +43,9 @@ def check_generator(generator: Any, argname: str = "generator") -> None:
         return
     if isinstance(generator, (int, np.integer)) and not isinstance(generator, bool):
         if generator < 0:
-            fail(ValueError, argname, "None, an int seed >= 0, a numpy.random.Generator or a torch.Generator", generator)
+            fail(
+                ValueError, argname, "None, an int seed >= 0, a numpy.random.Generator or a torch.Generator", generator
+            )
         return
     raise TypeError(
         f"{argname} should be None, an int seed, a numpy.random.Generator or a torch.Generator, "
@@ -159,7 +161,10 @@ class RandomSource:
             return {"kind": kind, "state": _b64(self.generator.get_state().numpy().tobytes())}  # type: ignore[union-attr]
         if kind == "numpy-global":
             name, key, pos, has_gauss, cached = np.random.get_state()
-            return {"kind": kind, "state": [name, _b64(np.asarray(key, np.uint32).tobytes()), int(pos), int(has_gauss), float(cached)]}
+            return {
+                "kind": kind,
+                "state": [name, _b64(np.asarray(key, np.uint32).tobytes()), int(pos), int(has_gauss), float(cached)],
+            }
         assert self._numpy is not None
         return {"kind": kind, "state": _plain(self._numpy.bit_generator.state)}
 

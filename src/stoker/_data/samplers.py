@@ -226,9 +226,7 @@ class WeightedRandomSampler(Sampler[int]):
             raise ValueError(f"replacement should be a boolean value, but got replacement={replacement}")
         array = np.asarray(weights.numpy() if hasattr(weights, "numpy") else weights, dtype=np.float64)
         if array.ndim != 1:
-            raise ValueError(
-                f"weights should be a 1d sequence but given weights have shape {tuple(array.shape)}"
-            )
+            raise ValueError(f"weights should be a 1d sequence but given weights have shape {tuple(array.shape)}")
         if (array < 0).any() or not np.isfinite(array).all() or array.sum() <= 0:
             raise ValueError("weights should be finite, non-negative and not all zero")
         if not replacement and num_samples > np.count_nonzero(array):

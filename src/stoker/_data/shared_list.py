@@ -214,9 +214,7 @@ class SharedList(Sequence[Any]):
         try:
             operator.index(index)
         except TypeError:
-            raise TypeError(
-                f"SharedList indices must be integers or slices, not {type(index).__name__}"
-            ) from None
+            raise TypeError(f"SharedList indices must be integers or slices, not {type(index).__name__}") from None
         raise IndexError("SharedList index out of range")
 
     def __len__(self) -> int:
@@ -240,9 +238,7 @@ class SharedList(Sequence[Any]):
         if isinstance(other, SharedList):
             if self._n != other._n:
                 return False
-            if self._mode == other._mode and all(
-                a.tobytes() == b.tobytes() for a, b in zip(self.arrays, other.arrays)
-            ):
+            if self._mode == other._mode and all(a.tobytes() == b.tobytes() for a, b in zip(self.arrays, other.arrays)):
                 return True
         elif isinstance(other, (list, tuple)):
             if self._n != len(other):

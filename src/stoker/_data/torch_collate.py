@@ -77,8 +77,17 @@ def _batch_tensor(out: np.ndarray) -> Any:
 _SAME_IN_NUMPY: dict[type, Any] = {int: np.int64, bool: np.bool_} | {
     t: t
     for t in (
-        np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64,
-        np.float16, np.float32, np.float64, np.complex64, np.complex128,
+        np.bool_,
+        np.uint8,
+        np.int8,
+        np.int16,
+        np.int32,
+        np.int64,
+        np.float16,
+        np.float32,
+        np.float64,
+        np.complex64,
+        np.complex128,
     )
 }
 
@@ -135,9 +144,7 @@ def _checked_stack(batch: Sequence[Any]) -> Any:
 def collate_numpy_array(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
     elem = batch[0]
     if _STRING_OR_OBJECT.search(elem.dtype.str) is not None:
-        raise CollateTypeError(
-            f"batch must contain tensors, numpy arrays, numbers, dicts or lists; found {elem.dtype}"
-        )
+        raise CollateTypeError(f"batch must contain tensors, numpy arrays, numbers, dicts or lists; found {elem.dtype}")
     if elem.dtype in _TORCH_WRAPS:  # native byte order, a dtype torch.from_numpy takes
         fast = stack_uniform(batch)
         if fast is not None:
@@ -222,13 +229,14 @@ def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None)
         if not all(len(e) == size for e in it):
             raise CollateRuntimeError("each element in list of batch should be of equal size")
     out = collate_containers(
-        batch, lambda b: collate(b, collate_fn_map=collate_fn_map), tuple_as_list=True, dataclasses_too=False,
+        batch,
+        lambda b: collate(b, collate_fn_map=collate_fn_map),
+        tuple_as_list=True,
+        dataclasses_too=False,
         transposed_as_tuples=True,
     )
     if out is NotImplemented:
-        raise CollateTypeError(
-            f"batch must contain tensors, numpy arrays, numbers, dicts or lists; found {type(elem)}"
-        )
+        raise CollateTypeError(f"batch must contain tensors, numpy arrays, numbers, dicts or lists; found {type(elem)}")
     return out
 
 

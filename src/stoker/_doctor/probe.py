@@ -45,7 +45,6 @@ def batch_len(batch: Any, default: int) -> int:
     return default
 
 
-
 # ------------------------------------------------------------------------- profile
 @dataclass
 class Profile:

@@ -49,8 +49,7 @@ def recommend_line(report: Report) -> str:
     chosen_rate = loop_rate(chosen, report.step_ms, report.batch_size) or 0.0
     if best is not chosen and best_rate:
         evidence.append(
-            f"within {100 * (1 - chosen_rate / best_rate):.1f} % of the fastest "
-            f"({best.config.arguments()}) and cheaper"
+            f"within {100 * (1 - chosen_rate / best_rate):.1f} % of the fastest ({best.config.arguments()}) and cheaper"
         )
     return f"recommend: {chosen.config.arguments()}  ({'; '.join(evidence)})"
 
@@ -157,7 +156,6 @@ def render(report: Report) -> str:
     return "\n".join(out)
 
 
-
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out = {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name != "batches"}
@@ -189,7 +187,6 @@ def to_json(report: Report) -> dict[str, Any]:
     }
     del data["recommended"]
     return data
-
 
 
 def save_json(report: Report, path: str) -> None:

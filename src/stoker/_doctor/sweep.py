@@ -86,7 +86,6 @@ def prefetch_configs(best: Config, tried: Iterable[Config]) -> list[Config]:
     return [c for c in configs if c not in seen]
 
 
-
 @dataclass
 class Report:
     """Everything the doctor found; `to_json` writes it."""
@@ -237,8 +236,18 @@ def run(
     except TypeError:
         length = None
     report = Report(
-        target.spec, target.source, flavour, type(target.dataset).__name__, length, target.batch_size or 1,
-        target.shuffle, cpus, method, seconds, target.current, step_ms=step_ms,
+        target.spec,
+        target.source,
+        flavour,
+        type(target.dataset).__name__,
+        length,
+        target.batch_size or 1,
+        target.shuffle,
+        cpus,
+        method,
+        seconds,
+        target.current,
+        step_ms=step_ms,
     )
     # The budget, planned up front: the profile ~6 %, the headroom ~2 %, the readiness run
     # ~12 % (with --step-ms), a little for closing down; the sweep has the rest.

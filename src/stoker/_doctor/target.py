@@ -45,10 +45,7 @@ class Config:
 
     def arguments(self) -> str:
         """The DataLoader arguments, as the recommend line prints them."""
-        return (
-            f"num_workers={self.num_workers}, thread_pool={self.thread_pool}, "
-            f"prefetch_factor={self.prefetch_factor}"
-        )
+        return f"num_workers={self.num_workers}, thread_pool={self.thread_pool}, prefetch_factor={self.prefetch_factor}"
 
 
 class _Endless:

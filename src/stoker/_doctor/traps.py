@@ -167,26 +167,31 @@ def find_traps(
             evidence = (
                 "each worker process writes the reference counts of the objects it touches, so under fork "
                 "their pages are copied into every worker (copy-on-read); USS growth per worker during "
-                "this run: " + ("; ".join(growth) if growth else "n/a")
+                "this run: "
+                + ("; ".join(growth) if growth else "n/a")
                 + " (it keeps growing until each worker has touched them all)"
             )
         else:
             evidence = f"under {method} each worker holds its own unpickled copy of them"
-        traps.append(Trap(
-            "python-objects",
-            f"Python objects in the dataset: {listed}; {evidence}. Fix: hold them in "
-            "stoker.SharedList(...) (one shared buffer, no per-object refcounts; str, bytes, int, "
-            "float and tuples of them), or keep them in numpy arrays (labels as an int array, "
-            "variable-length items as one flat array plus offsets).",
-        ))
+        traps.append(
+            Trap(
+                "python-objects",
+                f"Python objects in the dataset: {listed}; {evidence}. Fix: hold them in "
+                "stoker.SharedList(...) (one shared buffer, no per-object refcounts; str, bytes, int, "
+                "float and tuples of them), or keep them in numpy arrays (labels as an int array, "
+                "variable-length items as one flat array plus offsets).",
+            )
+        )
     if rngs and not target.seed_each_batch:
-        traps.append(Trap(
-            "global-rng",
-            f"__getitem__ draws from the global RNG of {', '.join(rngs)} (its state changed when a "
-            "sample was fetched here), so augmentations depend on which worker fetched a sample and "
-            "change with num_workers. Fix: DataLoader(..., seed_each_batch=True), or draw from "
-            "stoker.sample_rng() in __getitem__.",
-        ))
+        traps.append(
+            Trap(
+                "global-rng",
+                f"__getitem__ draws from the global RNG of {', '.join(rngs)} (its state changed when a "
+                "sample was fetched here), so augmentations depend on which worker fetched a sample and "
+                "change with num_workers. Fix: DataLoader(..., seed_each_batch=True), or draw from "
+                "stoker.sample_rng() in __getitem__.",
+            )
+        )
     if chosen is not None and profile is not None and profile.batch_bytes and chosen.config.kind == "processes":
         try:
             stat = os.statvfs("/dev/shm")
@@ -195,14 +200,16 @@ def find_traps(
             shm = None
         flight = profile.batch_bytes * (chosen.config.prefetch_factor or 2) * chosen.config.num_workers
         if shm is not None and shm < flight:
-            traps.append(Trap(
-                "dev-shm",
-                f"/dev/shm holds {shm / MB:.0f} MB but the recommended setting keeps {flight / MB:.0f} MB of "
-                f"batches in flight ({profile.batch_bytes / MB:.1f} MB x prefetch {chosen.config.prefetch_factor} "
-                f"x {chosen.config.num_workers} workers). stoker's arena uses memfd memory and is not limited "
-                "by it, but torch.utils.data and other loaders fail there with a bus error. Fix: a larger "
-                "/dev/shm (docker run --shm-size), or stoker.",
-            ))
+            traps.append(
+                Trap(
+                    "dev-shm",
+                    f"/dev/shm holds {shm / MB:.0f} MB but the recommended setting keeps {flight / MB:.0f} MB of "
+                    f"batches in flight ({profile.batch_bytes / MB:.1f} MB x prefetch {chosen.config.prefetch_factor} "
+                    f"x {chosen.config.num_workers} workers). stoker's arena uses memfd memory and is not limited "
+                    "by it, but torch.utils.data and other loaders fail there with a bus error. Fix: a larger "
+                    "/dev/shm (docker run --shm-size), or stoker.",
+                )
+            )
     torch = sys.modules.get("torch")
     cuda_up = False
     if torch is not None and hasattr(torch, "cuda"):
@@ -211,17 +218,21 @@ def find_traps(
         except Exception:
             cuda_up = False
     if cuda_up and method == "fork":
-        traps.append(Trap(
-            "cuda-fork",
-            "CUDA was initialised in this process before worker processes are forked (start method "
-            "fork): a forked worker that touches CUDA fails or hangs. Fix: keep CUDA out of the dataset "
-            "and the factory (move batches to the device in the training loop), or "
-            "multiprocessing_context='forkserver' / 'spawn'.",
-        ))
+        traps.append(
+            Trap(
+                "cuda-fork",
+                "CUDA was initialised in this process before worker processes are forked (start method "
+                "fork): a forked worker that touches CUDA fails or hangs. Fix: keep CUDA out of the dataset "
+                "and the factory (move batches to the device in the training loop), or "
+                "multiprocessing_context='forkserver' / 'spawn'.",
+            )
+        )
     if target.current is not None and target.current.num_workers > cpus:
-        traps.append(Trap(
-            "too-many-workers",
-            f"your setting asks for num_workers={target.current.num_workers} but this process may use "
-            f"{cpus} CPUs (os.sched_getaffinity): the workers compete for them. Fix: num_workers <= {cpus}.",
-        ))
+        traps.append(
+            Trap(
+                "too-many-workers",
+                f"your setting asks for num_workers={target.current.num_workers} but this process may use "
+                f"{cpus} CPUs (os.sched_getaffinity): the workers compete for them. Fix: num_workers <= {cpus}.",
+            )
+        )
     return traps

@@ -433,8 +433,12 @@ def adopt(target: Any, **options: Any) -> Any:
         accelerator = getattr(target, "accelerator", None)
         trainer = sys.modules.get("transformers.trainer")
         trainer_class = getattr(trainer, "Trainer", None)
-        if accelerator_class is None or trainer_class is None or not isinstance(target, trainer_class) \
-                or not isinstance(accelerator, accelerator_class):
+        if (
+            accelerator_class is None
+            or trainer_class is None
+            or not isinstance(target, trainer_class)
+            or not isinstance(accelerator, accelerator_class)
+        ):
             raise TypeError(
                 "adopt() takes an accelerate.Accelerator or a transformers.Trainer, "
                 f"got {type(target).__module__}.{type(target).__qualname__}"

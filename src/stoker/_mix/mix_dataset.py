@@ -155,7 +155,9 @@ class MixedDataset(Dataset[Any]):
         if isinstance(self.length, bool) or not isinstance(self.length, (int, np.integer)):
             raise TypeError(f"length should be an int or None, but got {type(length).__name__}")
         if self.length < 1:
-            raise ValueError(f"length should be an int >= 1, but got length={length!r} (the mix has {self.length} positions)")
+            raise ValueError(
+                f"length should be an int >= 1, but got length={length!r} (the mix has {self.length} positions)"
+            )
         self.length = int(self.length)
 
     def _mean_lengths(self, tokens: Sequence[int] | None) -> list[float]:
@@ -167,7 +169,8 @@ class MixedDataset(Dataset[Any]):
             totals = [int(t) for t in tokens]
         else:
             totals = [
-                int(lengths_of(src, np.arange(n), f"source {i}", self.field).sum()) for i, (src, n) in enumerate(zip(self.sources, self.sizes))
+                int(lengths_of(src, np.arange(n), f"source {i}", self.field).sum())
+                for i, (src, n) in enumerate(zip(self.sources, self.sizes))
             ]
         return [t / n if n else 0.0 for t, n in zip(totals, self.sizes)]
 
@@ -184,8 +187,9 @@ class MixedDataset(Dataset[Any]):
     def _mix(self, epoch: int) -> WeightedMix:
         mix = self._mixes.get(epoch)
         if mix is None:
-            mix = WeightedMix(self.sizes, self._schedule, seed=self.seed, epoch=epoch, mode=self.exhausted,
-                              orders=self._orders)
+            mix = WeightedMix(
+                self.sizes, self._schedule, seed=self.seed, epoch=epoch, mode=self.exhausted, orders=self._orders
+            )
             mixes = OrderedDict(self._mixes)  # replaced whole: thread workers may be reading it
             mixes[epoch] = mix
             if len(mixes) > 2:
@@ -324,7 +328,9 @@ class MixedDataset(Dataset[Any]):
             "target_shares": self._mean_target(start, stop),
             "weigh": self.weigh,
         }
-        if self.weigh == "tokens" or all(follows(x, KnowsLengths) and isinstance(x.lengths, np.ndarray) for x in self.sources):
+        if self.weigh == "tokens" or all(
+            follows(x, KnowsLengths) and isinstance(x.lengths, np.ndarray) for x in self.sources
+        ):
             toks = np.bincount(s, weights=self.stoker_lengths(start, stop), minlength=len(self.sources))
             out["tokens"] = [int(t) for t in toks]
             out["token_shares"] = (toks / max(1.0, toks.sum())).tolist()

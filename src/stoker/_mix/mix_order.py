@@ -218,8 +218,15 @@ class WeightedMix:
     ("end" or "stop"); `length` is None for an endless mix.
     """
 
-    def __init__(self, sizes: Sequence[int], schedule: Any, seed: int = 0, epoch: int = 0,
-                 mode: str = "repeat", orders: Sequence[Callable[[int, int], np.ndarray] | None] | None = None) -> None:
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        schedule: Any,
+        seed: int = 0,
+        epoch: int = 0,
+        mode: str = "repeat",
+        orders: Sequence[Callable[[int, int], np.ndarray] | None] | None = None,
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode should be one of {MODES}, but got mode={mode!r}")
         self.sizes = [int(x) for x in sizes]
@@ -273,8 +280,7 @@ class WeightedMix:
                 if self.mode == "repeat":
                     hit = None
                 else:
-                    hit = min((position_of(w, s, self.sizes[s] - cum[s]), s)
-                              for s in range(S) if w[s])
+                    hit = min((position_of(w, s, self.sizes[s] - cum[s]), s) for s in range(S) if w[s])
                 self._record(st, w, cum)
                 if hit is not None and (end is None or st + hit[0] < end):
                     pos, s = hit

@@ -281,7 +281,13 @@ class PackedDataset(Dataset[dict[str, Any]]):
         if lengths is None:
             lengths = self._stream.lengths(a, b)
         rows, carry = pack_rows_window(
-            carried, lengths, a, self.window_size, self.seq_len, self.method, self.long  # type: ignore[arg-type]
+            carried,
+            lengths,
+            a,
+            self.window_size,
+            self.seq_len,
+            self.method,
+            self.long,  # type: ignore[arg-type]
         )
         self._keep(window, rows, carry)
         return rows
@@ -379,7 +385,10 @@ class PackedDataset(Dataset[dict[str, Any]]):
                 self._grow_to_window(before + _GROW)
                 if self._cum[-1] > self._cum[before]:
                     empty_from = len(self._tokens)
-                elif self._first_doc(len(self._tokens)) - self._first_doc(empty_from) > self._stream.size + self.window_size:
+                elif (
+                    self._first_doc(len(self._tokens)) - self._first_doc(empty_from)
+                    > self._stream.size + self.window_size
+                ):
                     raise ValueError(
                         f"row {row} is past the end of the packed stream: a whole pass of the "
                         f"{self._stream.size} documents after row {self._cum[-1] - 1} gives no row"
@@ -412,10 +421,14 @@ class PackedDataset(Dataset[dict[str, Any]]):
                         "document's length"
                     )
                 if len(doc) < e:
-                    raise ValueError(f"{self._stream.where(p)} has {len(doc)} tokens, but its length was given as at least {e}")
+                    raise ValueError(
+                        f"{self._stream.where(p)} has {len(doc)} tokens, but its length was given as at least {e}"
+                    )
                 docs[p] = doc
         keys = list(docs)
-        fields = build_row([docs[k] for k in keys], [(keys.index(p), s, e) for p, s, e in pieces], self.seq_len, self.pad_id)
+        fields = build_row(
+            [docs[k] for k in keys], [(keys.index(p), s, e) for p, s, e in pieces], self.seq_len, self.pad_id
+        )
         if self.tensors:
             import torch
 

@@ -191,9 +191,7 @@ def _best_fit(sizes: list[int], seq_len: int, cap: int | None = None) -> list[in
     return out
 
 
-def pack_window(
-    lengths: Any, seq_len: int, method: Method = "best_fit", long: Long = "split"
-) -> list[Row]:
+def pack_window(lengths: Any, seq_len: int, method: Method = "best_fit", long: Long = "split") -> list[Row]:
     """Pack one window's documents, given their lengths, into rows of `seq_len` tokens.
 
     Returns the rows in the order they were opened, each a list of
@@ -299,9 +297,7 @@ def _piece_arrays(lengths: np.ndarray, seq_len: int, long: str) -> tuple[np.ndar
     return doc, start, np.minimum(start + seq_len, lengths[doc])
 
 
-def build_row(
-    docs: Sequence[np.ndarray], pieces: Row, seq_len: int, pad_id: int = 0
-) -> dict[str, Any]:
+def build_row(docs: Sequence[np.ndarray], pieces: Row, seq_len: int, pad_id: int = 0) -> dict[str, Any]:
     """One packed row, as training code consumes it.
 
     `docs` are the window's documents (indexed by the pieces' doc_index_in_window).

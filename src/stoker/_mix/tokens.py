@@ -29,7 +29,9 @@ def _check_document(doc: Any, where: str | Callable[[], str], field: str | None 
     if not isinstance(doc, np.ndarray):
         raise DocumentError(f"{_named(where)} is a {type(doc).__name__}, not a 1-D integer numpy array")
     if doc.ndim != 1 or doc.dtype.kind not in "iu":
-        raise DocumentError(f"{_named(where)} has shape {doc.shape} and dtype {doc.dtype}; a document is a 1-D integer array")
+        raise DocumentError(
+            f"{_named(where)} has shape {doc.shape} and dtype {doc.dtype}; a document is a 1-D integer array"
+        )
     return doc
 
 

@@ -452,6 +452,8 @@ class DownloadsAhead:
 _FORK_JOIN_S = 5.0
 # how long a fork waits for the download threads to go idle
 _FORK_POOL_WAIT_S = 1.0
+
+
 def _wait_exited(thread: threading.Thread) -> None:
     """Wait until a joined thread's OS thread is gone (Linux; a bounded wait): `join` returns
     once its Python part has ended, a moment (well under a millisecond) before the OS thread

@@ -721,15 +721,11 @@ class ShardCache:
                 # a filesystem without fallocate: the file is already at its size
             fetch(cast(BinaryIO, writer))
             if writer.written != size:
-                raise CorruptShardError(
-                    f"shard {name}: wrong size: expected {size} bytes, got {writer.written}"
-                )
+                raise CorruptShardError(f"shard {name}: wrong size: expected {size} bytes, got {writer.written}")
             if sha256 is not None:
                 got = writer.hasher.hexdigest()
                 if got != sha256.lower():
-                    raise CorruptShardError(
-                        f"shard {name}: wrong sha256: expected {sha256.lower()}, got {got}"
-                    )
+                    raise CorruptShardError(f"shard {name}: wrong sha256: expected {sha256.lower()}, got {got}")
             now = time.time_ns()
             os.utime(fd, ns=(now, now))
             if spare is None:
@@ -863,9 +859,7 @@ class ShardCache:
         return self._create_tmp(name, size, used)
 
     def _create_tmp(self, name: str, size: int, used: int) -> tuple[int, str]:
-        tmp = os.path.join(
-            self.directory, _TMP, f"{_escape(name)}.{os.getpid()}.{os.urandom(4).hex()}{_TMP_SUFFIX}"
-        )
+        tmp = os.path.join(self.directory, _TMP, f"{_escape(name)}.{os.getpid()}.{os.urandom(4).hex()}{_TMP_SUFFIX}")
         fd = _open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: nobody else has it
@@ -909,10 +903,7 @@ class ShardCache:
         self._hold(name, self._lock_shared(name, path))
 
     def _lock_shared(self, name: str, path: str) -> int:
-        missing = (
-            f"shard {name} is not in the cache {self.directory} (evicted, or never "
-            "fetched): get() it again"
-        )
+        missing = f"shard {name} is not in the cache {self.directory} (evicted, or never fetched): get() it again"
         try:
             fd = _open(path, os.O_RDONLY)
         except FileNotFoundError:

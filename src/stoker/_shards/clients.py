@@ -291,9 +291,7 @@ class ObstoreBackend(Backend):
                 self.client = make(config)
         else:
             from_url: Any = obstore.store.from_url
-            self.client = from_url(
-                store.url, client_options=client_options, retry_config=retry_config, **options
-            )
+            self.client = from_url(store.url, client_options=client_options, retry_config=retry_config, **options)
 
     def read(self, name: str, start: int | None, end: int | None) -> bytes:
         import obstore

@@ -155,7 +155,8 @@ class ShardedDataset(Dataset[Any]):
                 os.makedirs(folder, exist_ok=True)
             except OSError as exc:  # said as the cache says it when given cache_bytes
                 raise type(exc)(
-                    exc.errno, f"cannot make the shard cache folder {folder} ({exc.strerror}): pass a cache_dir that can be created"
+                    exc.errno,
+                    f"cannot make the shard cache folder {folder} ({exc.strerror}): pass a cache_dir that can be created",
                 ) from exc
             stat = os.statvfs(folder)
             cache_bytes = max(1, min(sum(self._sizes), stat.f_bavail * stat.f_frsize // 2))

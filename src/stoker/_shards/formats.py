@@ -491,9 +491,7 @@ def _forget_row_groups() -> None:
 at_fork(after_in_child=_forget_row_groups)
 
 
-def read_parquet_row(
-    path: str, row_group: int, row: int, columns: Sequence[str] | None = None
-) -> dict[str, Any]:
+def read_parquet_row(path: str, row_group: int, row: int, columns: Sequence[str] | None = None) -> dict[str, Any]:
     """One row of a local Parquet file, as `{column: value}`.
 
     The row group it is in is decoded whole and kept: the last few decoded row groups stay

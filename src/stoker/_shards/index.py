@@ -378,9 +378,7 @@ def build_index(
     if format is None:
         present = [fmt for fmt in FORMATS if found[fmt]]
         if len(present) > 1:
-            raise ValueError(
-                f"{store.url} holds both .tar and .parquet objects: pass format='tar' or 'parquet'"
-            )
+            raise ValueError(f"{store.url} holds both .tar and .parquet objects: pass format='tar' or 'parquet'")
         if not present:
             raise ValueError(f"{store.url} holds no .tar or .parquet objects to index")
         format = present[0]

@@ -59,6 +59,7 @@ T = TypeVar("T")
 # The longest wait between two attempts, whatever `backoff_s` and the attempt number say.
 MAX_BACKOFF_S = 20.0
 
+
 @dataclass
 class Counters:
     """What a `Store` asked of its server in this process.
@@ -111,7 +112,12 @@ def split_url(url: str) -> tuple[str, str]:
         ValueError: when `url` is empty.
     """
     if not isinstance(url, str) or not url:
-        fail(ValueError if isinstance(url, str) else TypeError, "url", "a non-empty string such as 's3://bucket/prefix' or a path", url)
+        fail(
+            ValueError if isinstance(url, str) else TypeError,
+            "url",
+            "a non-empty string such as 's3://bucket/prefix' or a path",
+            url,
+        )
     parsed = urllib.parse.urlsplit(url)
     if len(parsed.scheme) <= 1:  # a plain path (or a Windows drive letter)
         return "file", os.path.abspath(url)

@@ -142,9 +142,7 @@ class TarShardWriter:
         return self._out.getvalue(), self._hash.hexdigest()
 
 
-def write_parquet(
-    rows: Sequence[Mapping[str, Any]], out: BinaryIO | str, row_group_size: int = 1024
-) -> list[int]:
+def write_parquet(rows: Sequence[Mapping[str, Any]], out: BinaryIO | str, row_group_size: int = 1024) -> list[int]:
     """Write samples as the rows of one Parquet file.
 
     Args:

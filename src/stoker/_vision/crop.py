@@ -108,9 +108,7 @@ def _open(source: Any) -> Any:
         return Image.open(source)
     if hasattr(source, "read"):
         return Image.open(source)
-    raise TypeError(
-        f"source should be a path, bytes or a binary file object, but got a {type(source).__name__}"
-    )
+    raise TypeError(f"source should be a path, bytes or a binary file object, but got a {type(source).__name__}")
 
 
 def _simplejpeg() -> Any:
@@ -200,8 +198,12 @@ def _jpeg(turbo: Any, source: Any) -> tuple[bytes | None, Any]:
 
 
 def _fused_turbo(
-    turbo: Any, data: bytes, header: tuple[Any, ...], box: tuple[int, int, int, int] | None,
-    size: tuple[int, int], flip: bool,
+    turbo: Any,
+    data: bytes,
+    header: tuple[Any, ...],
+    box: tuple[int, int, int, int] | None,
+    size: tuple[int, int],
+    flip: bool,
 ) -> np.ndarray | None:
     """The libjpeg-turbo path of `decode_crop`; None for JPEGs it does not take (not YCbCr)."""
     full_height, full_width, colorspace = header[0], header[1], header[2]
@@ -219,8 +221,10 @@ def _fused_turbo(
         if region is not None:
             return _finish_array(cv2, region, (0, 0, h, w), size, flip)
     pixels = turbo.decode_jpeg(
-        data, colorspace="RGB",
-        min_height=math.ceil(full_height / reduction), min_width=math.ceil(full_width / reduction),
+        data,
+        colorspace="RGB",
+        min_height=math.ceil(full_height / reduction),
+        min_width=math.ceil(full_width / reduction),
     )
     if cv2 is not None and reduction == 1:
         return _finish_array(cv2, pixels, (top, left, h, w), size, flip)
@@ -230,8 +234,13 @@ def _fused_turbo(
 
 
 def _finish_scaled(
-    cv2: Any, pixels: np.ndarray, full_width: int, full_height: int, box: tuple[int, int, int, int],
-    size: tuple[int, int], flip: bool,
+    cv2: Any,
+    pixels: np.ndarray,
+    full_width: int,
+    full_height: int,
+    box: tuple[int, int, int, int],
+    size: tuple[int, int],
+    flip: bool,
 ) -> np.ndarray:
     """`_finish_array` for pixels decoded at a reduced DCT scale, where the box's edges fall
     between pixels: an affine warp samples the box exactly (bilinearly, to k times the output,
@@ -345,7 +354,11 @@ def _pair(size: int | Sequence[int], name: str) -> tuple[int, int]:
         fail(TypeError, name, accepted, size)
     if isinstance(size, int):
         pair = (size, size)
-    elif isinstance(size, Sequence) and len(size) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in size):
+    elif (
+        isinstance(size, Sequence)
+        and len(size) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in size)
+    ):
         pair = (int(size[0]), int(size[1]))
     else:
         fail(TypeError, name, accepted, size)

@@ -206,8 +206,10 @@ class DecodeOnDevice:
         if not isinstance(source, (bytes, bytearray, memoryview, str, os.PathLike)) and not hasattr(source, "read"):
             hint = ""
             if type(source).__module__.startswith("PIL."):
-                hint = (" (an image already decoded: DecodeOnDevice reads the file's bytes, so give it as "
-                        "ImageFolder's loader=, not as its transform=)")
+                hint = (
+                    " (an image already decoded: DecodeOnDevice reads the file's bytes, so give it as "
+                    "ImageFolder's loader=, not as its transform=)"
+                )
             raise TypeError(
                 f"source should be a path, bytes or a binary file object, but got {type(source).__name__}{hint}"
             )
@@ -642,6 +644,7 @@ def decode_jpegs(
     if (mean is None) != (std is None):
         raise ValueError(f"mean and std should both be given or both be None, but got mean={mean!r}, std={std!r}")
     if mean is None:
+
         def finish(crops: Any) -> Any:
             return crops
     else:

@@ -55,7 +55,9 @@ def find_classes(root: str) -> tuple[list[str], dict[str, int]]:
     """
     classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
     if not classes:
-        raise FileNotFoundError(f"ImageFolder found no class folder in {root!r} (it expects root/class_name/image files)")
+        raise FileNotFoundError(
+            f"ImageFolder found no class folder in {root!r} (it expects root/class_name/image files)"
+        )
     return classes, {name: index for index, name in enumerate(classes)}
 
 

@@ -11,8 +11,16 @@ import numpy as np
 
 # scikit-image's bundled photographs (its other samples are drawings, scans or textures)
 PHOTOS = (
-    "astronaut.png", "chelsea.png", "coffee.png", "motorcycle_left.png", "motorcycle_right.png",
-    "rocket.jpg", "hubble_deep_field.jpg", "retina.jpg", "immunohistochemistry.png", "ihc.png",
+    "astronaut.png",
+    "chelsea.png",
+    "coffee.png",
+    "motorcycle_left.png",
+    "motorcycle_right.png",
+    "rocket.jpg",
+    "hubble_deep_field.jpg",
+    "retina.jpg",
+    "immunohistochemistry.png",
+    "ihc.png",
 )
 # ImageNet's common sizes (width, height): most are 500 wide or high, some larger
 SIZES = ((500, 375), (375, 500), (500, 333), (500, 400), (640, 480), (800, 600))

@@ -74,7 +74,12 @@ def _load(path: str) -> Any:
     lib.tj3SetScalingFactor.argtypes = [ctypes.c_void_p, _Scaling]
     lib.tj3SetCroppingRegion.argtypes = [ctypes.c_void_p, _Region]
     lib.tj3Decompress8.argtypes = [
-        ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.c_char_p,
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        ctypes.c_int,
+        ctypes.c_int,
     ]
     lib.tj3GetErrorStr.restype = ctypes.c_char_p
     lib.tj3GetErrorStr.argtypes = [ctypes.c_void_p]
@@ -130,8 +135,14 @@ class TurboJPEG:
         if imcu is None:
             return None
         full_width, full_height = lib.tj3Get(handle, _PARAM_JPEGWIDTH), lib.tj3Get(handle, _PARAM_JPEGHEIGHT)
-        if not (0 <= top and 0 <= left and 0 < height and 0 < width
-                and top + height <= full_height and left + width <= full_width):
+        if not (
+            0 <= top
+            and 0 <= left
+            and 0 < height
+            and 0 < width
+            and top + height <= full_height
+            and left + width <= full_width
+        ):
             raise ValueError(f"region {(top, left, height, width)} outside a {full_height}x{full_width} image")
         x = left - left % imcu
         region = _Region(x, top, left + width - x, height)

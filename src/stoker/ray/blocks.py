@@ -22,9 +22,7 @@ def _binary(data: Any) -> Any:
     import pyarrow as pa
 
     offsets = pa.py_buffer(np.array([0, memoryview(data).nbytes], np.int64))
-    return pa.LargeBinaryArray.from_buffers(
-        pa.large_binary(), 1, [None, offsets, pa.py_buffer(data)]
-    )
+    return pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [None, offsets, pa.py_buffer(data)])
 
 
 def _block(keys: list[int], payloads: list[bytes]) -> Any:
@@ -78,9 +76,7 @@ def _batch_block(position: int, batch: Any) -> Any:
         {
             "key": pa.array([position] * len(parts), pa.int64()),
             "part": pa.array(range(len(parts)), pa.int32()),
-            "header": pa.chunked_array(
-                [_binary(header)] + [_binary(b"")] * (len(parts) - 1), pa.large_binary()
-            ),
+            "header": pa.chunked_array([_binary(header)] + [_binary(b"")] * (len(parts) - 1), pa.large_binary()),
             "data": pa.chunked_array([_binary(p) for p in parts], pa.large_binary()),
         }
     )
@@ -94,9 +90,7 @@ def _column_values(column: Any) -> Iterator[Any]:
         # slices of the chunk's data buffer: `chunk[i]` makes a scalar, which took ~3.5 ms for
         # a 9.6 MB value (pyarrow 26, measured)
         _, offsets, data = chunk.buffers()
-        bounds = np.frombuffer(offsets, np.int64)[
-            chunk.offset : chunk.offset + len(chunk) + 1
-        ].tolist()
+        bounds = np.frombuffer(offsets, np.int64)[chunk.offset : chunk.offset + len(chunk) + 1].tolist()
         for start, stop in itertools.pairwise(bounds):
             yield data.slice(start, stop - start)
 

@@ -97,9 +97,7 @@ def rank_batches(
     rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)` after `set_epoch(epoch)` and
     `BatchSampler(sampler, batch_size, drop_last)` give (after `resume_elastic(*elastic)`
     when given: the rest of an epoch another world size had begun)."""
-    sampler = _sampler(
-        length, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last
-    )
+    sampler = _sampler(length, shuffle=shuffle, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last)
     sampler.set_epoch(epoch)
     if elastic is not None:
         sampler.resume_elastic(*elastic)
@@ -127,7 +125,6 @@ def _sampler(
     )
 
 
-
 class _Units:
     """What a datasource reads: for each read task, its units (position, indices), each unit
     fetched together (a batch; for to_ray_dataset, up to SAMPLES_PER_FETCH samples)."""
@@ -153,9 +150,7 @@ class _Units:
         self.rank = rank  # mixed into batch-level seeds, as in stoker's own workers
 
 
-def _batch_tasks(
-    units: list[tuple[int, list[int]]], tasks: int
-) -> list[list[tuple[int, list[int]]]]:
+def _batch_tasks(units: list[tuple[int, list[int]]], tasks: int) -> list[list[tuple[int, list[int]]]]:
     """`units` cut into `tasks` contiguous runs."""
     return [units[start:stop] for start, stop in contiguous_slices(len(units), tasks)]
 
@@ -165,10 +160,5 @@ def _sample_tasks(indices: list[int], tasks: int) -> list[list[tuple[int, list[i
     a unit's position is the offset of its first index in `indices`."""
     made = []
     for start, stop in contiguous_slices(len(indices), tasks):
-        made.append(
-            [
-                (k, indices[k : min(k + SAMPLES_PER_FETCH, stop)])
-                for k in range(start, stop, SAMPLES_PER_FETCH)
-            ]
-        )
+        made.append([(k, indices[k : min(k + SAMPLES_PER_FETCH, stop)]) for k in range(start, stop, SAMPLES_PER_FETCH)])
     return made

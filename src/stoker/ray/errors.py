@@ -47,7 +47,6 @@ class _TaskFailure(Exception):
         return self.message
 
 
-
 def _describe_type(obj: Any) -> str:
     kind = type(obj)
     return f"{kind.__qualname__} from module {kind.__module__!r}"

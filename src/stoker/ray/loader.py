@@ -25,16 +25,13 @@ STATE_VERSION = 1
 ELASTIC_KEYS = ("world_size", "rank", "total_size")
 
 
-def config_differences(
-    saved: dict[str, Any], current: dict[str, Any], ignore: Sequence[str] = ()
-) -> list[str]:
+def config_differences(saved: dict[str, Any], current: dict[str, Any], ignore: Sequence[str] = ()) -> list[str]:
     """'key: saved X, this loader Y' for every key (but those ignored) whose values differ."""
     return [
         f"{key}: saved {saved.get(key)!r}, this loader {current[key]!r}"
         for key in current
         if key not in ignore and saved.get(key) != current[key]
     ]
-
 
 
 def _resolve_seed(seed: int | None) -> int:
@@ -125,9 +122,7 @@ class DataLoader:
         self.world_size = check_int("world_size", world_size, low=1)
         rank = check_int("rank", rank, low=0)
         if rank >= world_size:
-            raise ValueError(
-                f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]"
-            )
+            raise ValueError(f"Invalid rank {rank}, rank should be in the interval [0, {world_size - 1}]")
         self.rank = rank
         self.prefetch_batches = check_int("prefetch_batches", prefetch_batches, low=0)
         for name, flag in (("shuffle", shuffle), ("drop_last", drop_last), ("in_order", in_order)):
@@ -226,9 +221,7 @@ class DataLoader:
     def _deliver(self, dataset: ray.data.Dataset, start: int) -> Iterator[Any]:
         expected = start
         blocks = iter(
-            dataset.iter_batches(
-                batch_size=None, batch_format="pyarrow", prefetch_batches=self.prefetch_batches
-            )
+            dataset.iter_batches(batch_size=None, batch_format="pyarrow", prefetch_batches=self.prefetch_batches)
         )
         rows = _BatchRows()
         try:
@@ -312,9 +305,7 @@ class DataLoader:
                 elastically resumed epoch and loaded under yet another world size or rank.
         """
         if not isinstance(state, dict) or state.get("loader") != "stoker.ray.DataLoader":
-            raise ValueError(
-                "load_state_dict expects a dict made by stoker.ray.DataLoader.state_dict()"
-            )
+            raise ValueError("load_state_dict expects a dict made by stoker.ray.DataLoader.state_dict()")
         if state.get("version") != STATE_VERSION:
             raise ValueError(
                 f"this stoker.ray state has version {state.get('version')!r}; this stoker reads version {STATE_VERSION}"

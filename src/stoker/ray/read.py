@@ -50,9 +50,7 @@ def _fetch(
                 samples = list(getitems(indices))
             except Exception as exc:
                 shown = ", ".join(map(str, indices[:8])) + (", ..." if len(indices) > 8 else "")
-                raise _failure(
-                    f"the dataset's __getitems__ of sample indices [{shown}]", exc
-                ) from None
+                raise _failure(f"the dataset's __getitems__ of sample indices [{shown}]", exc) from None
         else:
             samples = []
             for i in indices:
@@ -133,9 +131,7 @@ def _make_source(work: _Units) -> Any:
             for units in work.tasks:
                 # a batch's rows: its structure and its buffers, known once it is made
                 rows = sum(len(i) for _, i in units) if work.per_sample else None
-                metadata = BlockMetadata(
-                    num_rows=rows, size_bytes=None, input_files=None, exec_stats=None
-                )
+                metadata = BlockMetadata(num_rows=rows, size_bytes=None, input_files=None, exec_stats=None)
                 read = functools.partial(
                     _read,
                     work.ref,
