@@ -125,6 +125,7 @@ docs-strict: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests $(wildcard benchmarks) $(wildcard examples)
+	$(PY) -m ruff format --check src tests $(wildcard benchmarks) $(wildcard examples)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
