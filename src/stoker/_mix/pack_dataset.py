@@ -286,7 +286,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
             a,
             self.window_size,
             self.seq_len,
-            self.method,
+            self.method,  # type: ignore[arg-type]
             self.long,  # type: ignore[arg-type]
         )
         self._keep(window, rows, carry)
