@@ -33,13 +33,14 @@ __all__ = [
 INDEX_NAME = "stoker-index.json"
 
 
-class StoreError(OSError):
-    """A request to the store failed after its retries; the message names the URL.
+class _AtURL(OSError):
+    """The store errors' common part: the message is `url: reason`, both kept as attributes,
+    and the error pickles as (url, reason), so that a worker's error crosses to the main
+    process. Put first among the bases, before the built-in error it specialises (all are
+    OSErrors)."""
 
-    Args:
-        url: The object's (or prefix's) URL.
-        reason: What went wrong, last cause included.
-    """
+    url: str
+    reason: str
 
     def __init__(self, url: str, reason: str) -> None:
         super().__init__(f"{url}: {reason}")
@@ -47,11 +48,19 @@ class StoreError(OSError):
         self.reason = reason
 
     def __reduce__(self) -> tuple[Any, tuple[str, str]]:
-        # rebuilt from (url, reason), so that a worker's error crosses to the main process
         return type(self), (self.url, self.reason)
 
 
-class MissingObjectError(FileNotFoundError):
+class StoreError(_AtURL):
+    """A request to the store failed after its retries; the message names the URL.
+
+    Args:
+        url: The object's (or prefix's) URL.
+        reason: What went wrong, last cause included.
+    """
+
+
+class MissingObjectError(_AtURL, FileNotFoundError):
     """The object is not in the store; the message names its URL.
 
     Args:
@@ -60,16 +69,10 @@ class MissingObjectError(FileNotFoundError):
     """
 
     def __init__(self, url: str, reason: str = "no such object") -> None:
-        super().__init__(f"{url}: {reason}")
-        self.url = url
-        self.reason = reason
-
-    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
-        # rebuilt from (url, reason), so that a worker's error crosses to the main process
-        return type(self), (self.url, self.reason)
+        super().__init__(url, reason)
 
 
-class AccessDeniedError(PermissionError):
+class AccessDeniedError(_AtURL, PermissionError):
     """The store refused access to the object; the message names its URL.
 
     Args:
@@ -78,13 +81,7 @@ class AccessDeniedError(PermissionError):
     """
 
     def __init__(self, url: str, reason: str = "access denied") -> None:
-        super().__init__(f"{url}: {reason}")
-        self.url = url
-        self.reason = reason
-
-    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
-        # rebuilt from (url, reason), so that a worker's error crosses to the main process
-        return type(self), (self.url, self.reason)
+        super().__init__(url, reason)
 
 
 class Transient(Exception):
