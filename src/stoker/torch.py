@@ -24,11 +24,12 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
         "or use `stoker` (numpy batches) instead"
     ) from exc
 
+from ._base.hooks import Stateful
 from ._core.device import normalize, to_device
 from ._core.errors import UnshardedWarning, WorkerDiedError, WorkerError, WorkerRestartWarning
 from ._core.seeding import sample_rng, sample_seed
 from ._core.stats import LoaderStats, WorkerStats
-from ._core.torch_loader import DataLoader
+from ._core.torch_loader import DataLoader, StatefulDataLoader
 from ._core.worker import WorkerInfo, get_worker_info
 from ._data import datasets as _datasets
 from ._data.collate import CollateFnMap
@@ -132,6 +133,8 @@ __all__ = [
     "SequentialSampler",
     "Shard",
     "SharedList",
+    "Stateful",
+    "StatefulDataLoader",
     "StackDataset",
     "Subset",
     "SubsetRandomSampler",

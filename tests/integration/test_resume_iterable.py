@@ -4,6 +4,7 @@ into the loader's state and restored into the same worker; never a replay from t
 from __future__ import annotations
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -35,6 +36,9 @@ class Counting(stoker.IterableDataset):
         for i in mine[skip:]:
             self.given[worker] += 1
             yield np.array([i, int(stoker.sample_rng().integers(1 << 30))])
+        # the stream's end: a state taken now (an epoch's end, which a resume restores, as
+        # torchdata does) starts the next epoch from the beginning
+        self.given[worker] = 0
 
     def state_dict(self) -> dict:
         return {"given": self.given.get(_worker()[0], 0)}
@@ -70,10 +74,29 @@ def test_another_worker_count_is_refused_saying_why() -> None:
         other.load_state_dict(state)
 
 
-def test_an_iterable_without_state_is_refused_naming_it_and_the_methods() -> None:
-    class Plain(stoker.IterableDataset):
-        def __iter__(self):
-            return iter(range(5))
+class Plain(stoker.IterableDataset):
+    """A stream that keeps no state: each worker yields its share, with a per-item draw."""
 
-    with pytest.raises(TypeError, match=r"Plain.*state_dict\(\).*load_state_dict"):
-        stoker.DataLoader(Plain(), num_workers=0).state_dict()
+    def __iter__(self):
+        worker, workers = _worker()
+        for i in range(worker, 17, workers):
+            yield np.array([i, int(stoker.sample_rng().integers(1 << 30))])
+
+
+@pytest.mark.parametrize("engine", ["inline", "fork"])
+def test_an_iterable_without_state_is_replayed_to_where_each_worker_was(engine: str) -> None:
+    def make_loader():
+        workers = 0 if engine == "inline" else 2
+        return stoker.DataLoader(Plain(), batch_size=2, num_workers=workers, generator=3)
+
+    steps = [0, 1, 3, 8, 9] if engine == "inline" else [2, 5]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the replay's own warning, tested below
+        assert_resumes_identically(make_loader, steps=steps, epochs=2)
+    loader = make_loader()
+    iterator = iter(loader)
+    next(iterator)
+    state = loader.state_dict()
+    with pytest.warns(UserWarning, match="Plain by replaying the 2 item"):
+        make_loader().load_state_dict(state)
+

@@ -7,7 +7,7 @@ the loader's `state_dict()` then says why that stream cannot resume."""
 from __future__ import annotations
 
 import json
-import re
+import threading
 import warnings
 from typing import Any
 
@@ -59,11 +59,11 @@ class Raising(tud.IterableDataset):
         pass
 
 
-class SetState(Raising):
-    """Stateful by signature; its state holds a set, which JSON cannot."""
+class Unpicklable(Raising):
+    """Stateful by signature; its state holds a lock, which pickle cannot."""
 
     def state_dict(self) -> dict[str, Any]:
-        return {"seen": {1, 2}}
+        return {"lock": threading.Lock()}
 
 
 def _loader(flavour: Any, dataset: Any, engine: str, **kwargs: Any) -> Any:
@@ -93,53 +93,54 @@ def test_a_state_dict_that_needs_arguments_is_the_datasets_own(engine: str) -> N
     else:
         assert got == expected
     assert sorted(sum(plain, [])) == list(range(N))
-    state = loader.state_dict()  # stoker.torch: a state saying the stream restarts
-    assert state["stream_without_state"] == "CountsAsked"
-    assert "state_dict() requires num_samples_yielded, num_workers, batch_size" in state["reason"]
-    with pytest.raises(TypeError, match=r"CountsAsked: its state_dict\(\) requires num_samples_yielded"):
-        _loader(stoker, CountsAsked(), engine).state_dict()
-    again = _loader(st, CountsAsked(), engine)
-    with pytest.warns(UserWarning, match=r"CountsAsked cannot save its position \(its state_dict\(\) requires"):
-        again.load_state_dict(json.loads(json.dumps(state)))
-    assert sorted(sum(_batches(again), [])) == list(range(N))
+    for flavour in (st, stoker):  # never called: the stream is replayed to where it was
+        loader = _loader(flavour, CountsAsked(), engine)
+        iterator = iter(loader)
+        head = [[int(x) for x in next(iterator)]]
+        state = loader.state_dict()
+        assert state["replicas"]["records"][0]["dataset"] is None
+        del iterator
+        again = _loader(flavour, CountsAsked(), engine)
+        with pytest.warns(UserWarning, match=r"CountsAsked by replaying"):
+            again.load_state_dict(json.loads(json.dumps(state)))
+        rest = _batches(again)
+        if engine == "threads":
+            assert sorted(sum(head + rest, [])) == list(range(N))
+        else:
+            assert head + rest == (expected if flavour is st else plain)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize(
-    ("dataset", "reason"),
+    ("dataset", "error", "reason"),
     [
-        (Raising, r"its state_dict\(\) raised RuntimeError: position unknown while streaming"),
-        (SetState, r"its state_dict\(\) returned a value that is not plain JSON \(.*set"),
+        (Raising, RuntimeError, r"its state_dict\(\) raised RuntimeError: position unknown while streaming"),
+        (Unpicklable, TypeError, r"its state_dict\(\) returned a value that cannot be pickled \(.*lock"),
     ],
-    ids=["raises", "not-json"],
+    ids=["raises", "unpicklable"],
 )
-def test_a_state_that_cannot_be_saved_leaves_the_epoch_whole_and_says_why(
-    engine: str, dataset: type, reason: str
+def test_a_state_that_cannot_be_saved_leaves_the_epoch_whole_and_names_dataset_and_worker(
+    engine: str, dataset: type, error: type, reason: str
 ) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)
-        warnings.simplefilter("error", RuntimeWarning)  # stoker's categories: not the others'
-        loader = _loader(stoker, dataset(), engine)
-        iterator = iter(loader)
-        first = next(iterator)
-        with pytest.raises(TypeError, match=rf"position of {dataset.__name__}: {reason}"):
-            loader.state_dict()  # mid-epoch
-        rest = list(iterator)
-    assert sorted(int(x) for batch in [first, *rest] for x in batch) == list(range(N))
-    after = loader.state_dict()  # the next epoch's start: no replica has a position to keep
-    assert (after["epoch"], after["position"], after["iterable"]) == (1, 0, None)
-    torch_flavour = _loader(st, dataset(), engine)
-    iterator = iter(torch_flavour)
-    got = [next(iterator)]
-    state = json.loads(json.dumps(torch_flavour.state_dict()))  # mid-epoch
-    got += list(iterator)
-    assert sorted(int(x) for batch in got for x in batch) == list(range(N))
-    assert state["stream_without_state"] == dataset.__name__
-    assert re.search(reason, state["reason"])
-    again = _loader(st, dataset(), engine)  # the same stream type: it restarts, as torch's would
-    with pytest.warns(UserWarning, match="restarts it from its beginning"):
-        again.load_state_dict(state)
-    assert sorted(sum(_batches(again), [])) == list(range(N))
+    where = "in this process" if engine == "inline" else "in worker [01]"
+    for flavour in (stoker, st):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            warnings.simplefilter("error", RuntimeWarning)  # stoker's categories: not the others'
+            loader = _loader(flavour, dataset(), engine)
+            iterator = iter(loader)
+            first = next(iterator)
+            with pytest.raises(error, match=rf"state of {dataset.__name__} {where}.*: {reason}"):
+                loader.state_dict()  # mid-epoch
+            rest = list(iterator)
+        assert sorted(int(x) for batch in [first, *rest] for x in batch) == list(range(N))
+        if engine == "fork":  # the next epoch's workers start afresh: no replica state to take
+            after = loader.state_dict()
+            assert (after["epoch"], after["position"]) == (1, 0)
+            assert after["replicas"]["records"] == [None, None]
+        else:  # the same replica goes on: its state at the stream's end cannot be taken either
+            with pytest.raises(error, match=reason):
+                loader.state_dict()
 
 
 class LiveState(stoker.IterableDataset):

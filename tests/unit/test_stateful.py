@@ -4,12 +4,16 @@ name with another signature is the object's own business, never called by stoker
 
 from __future__ import annotations
 
+import pickle
 import re
+import threading
 from typing import Any
 
+import numpy as np
 import pytest
 
-from stoker._core.resume import UnsavedState, is_stateful, replica_state, why_not_stateful
+from stoker._core.replica import Unsaved, snapshot
+from stoker._core.resume import is_stateful, why_not_stateful
 
 
 class Protocol:
@@ -115,9 +119,14 @@ class Raises(Protocol):
         raise RuntimeError("no position yet")
 
 
-class Arrays(Protocol):
+class Unpicklable(Protocol):
     def state_dict(self) -> dict[str, Any]:
-        return {"seen": {1, 2}}
+        return {"lock": threading.Lock()}
+
+
+class Typed(Protocol):
+    def state_dict(self) -> dict[str, Any]:
+        return {"seen": {0: 3, 1: (2, 5)}, "array": np.arange(3), "kinds": {1, 2}}
 
 
 class Live(Protocol):
@@ -128,15 +137,19 @@ class Live(Protocol):
         return self.state  # the dataset's own dict, changed as it goes on
 
 
-def test_a_replica_state_is_a_json_snapshot_or_the_reason_it_cannot_be_saved() -> None:
-    assert replica_state(Protocol()) == '{"at": 1}'
+def test_a_replica_state_is_a_pickled_snapshot_of_any_type_or_the_reason_it_cannot_be_saved() -> None:
+    assert pickle.loads(snapshot(Protocol())) == {"at": 1}
     live = Live()
-    saved = replica_state(live)
+    saved = snapshot(live)
     live.state["at"] = 5
-    assert saved == '{"at": 0}'  # not the dict the dataset goes on changing
-    raised = replica_state(Raises())
-    assert isinstance(raised, UnsavedState)
+    assert pickle.loads(saved) == {"at": 0}  # not the dict the dataset goes on changing
+    typed = pickle.loads(snapshot(Typed()))  # int keys, tuples, arrays and sets come back as they were
+    assert typed["seen"] == {0: 3, 1: (2, 5)} and isinstance(typed["seen"][1], tuple)
+    assert isinstance(typed["array"], np.ndarray) and typed["array"].tolist() == [0, 1, 2]
+    assert typed["kinds"] == {1, 2}
+    raised = snapshot(Raises())
+    assert isinstance(raised, Unsaved) and raised.kind == "raised"
     assert raised.reason == "its state_dict() raised RuntimeError: no position yet"
-    unsaved = replica_state(Arrays())
-    assert isinstance(unsaved, UnsavedState)
-    assert "not plain JSON" in unsaved.reason and "set" in unsaved.reason
+    unsaved = snapshot(Unpicklable())
+    assert isinstance(unsaved, Unsaved) and unsaved.kind == "pickle"
+    assert "cannot be pickled" in unsaved.reason and "lock" in unsaved.reason

@@ -60,6 +60,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .fetch import MapFetcher
+from .protocol import ReplicaBatch
 from .seeding import restore_globals, seed_main_globals
 from .stats import Work, array_bytes
 
@@ -191,6 +192,8 @@ def probe(dataset: Any, collate_fn: Callable[[Any], Any], batch: int, auto_colla
         for index in probe_indices(length, batch, PROBE_BATCHES):
             start = time.perf_counter()
             made = fetcher.fetch(index if auto_collation else index[0])
+            if isinstance(made, ReplicaBatch):  # a dataset that keeps a state: the batch alone
+                made = made.batch
             times.append(time.perf_counter() - start)
             nbytes = max(nbytes, array_bytes(made))
             if time.perf_counter() - began > PROBE_BUDGET_S:

@@ -66,6 +66,7 @@ from .protocol import (
     Task,
     Transport,
 )
+from .replica import Resume
 from .seeding import restore_globals, seed_main_globals
 from .sharing import Packed
 from .stats import clock
@@ -117,13 +118,18 @@ class Engine(Protocol):
 
 
 def make_engine(
-    plan: LoadPlan, base_seed: int, pipe_seed: int | None = None, pipe_share: tuple[int, int] = (1, 0)
+    plan: LoadPlan,
+    base_seed: int,
+    pipe_seed: int | None = None,
+    pipe_share: tuple[int, int] = (1, 0),
+    run_seed: int | None = None,
 ) -> Engine:
     """The engine for a plan (inline, threads or processes) with its workers' configs; a torch
-    IterDataPipe's shared seed and its (world size, rank) share: see datapipes."""
+    IterDataPipe's shared seed and its (world size, rank) share: see datapipes. `run_seed`: what
+    per-sample draws derive from (see RandomSource.run_seed); None: `base_seed`."""
 
-    saved = (plan.resume or {}).get("iterable") or {}
-    replicas = [None if r is None else (r[0], int(r[1])) for r in saved.get("replicas", [])]
+    # a resumed iterator's replicas continue where the state says (see replica)
+    replicas = [Resume.of(kept) for kept in plan.replicas] if plan.restore else []
 
     def configs(count: int, thread: bool) -> list[WorkerConfig]:
         return [
@@ -131,6 +137,7 @@ def make_engine(
                 worker_id=worker_id,
                 num_workers=count,
                 base_seed=base_seed,
+                run_seed=run_seed,
                 dataset=plan.dataset,
                 dataset_kind=plan.dataset_kind,
                 auto_collation=plan.auto_collation,
@@ -140,6 +147,7 @@ def make_engine(
                 thread=thread,
                 seed_each_batch=plan.seed_each_batch,
                 replica_resume=replicas[worker_id] if worker_id < len(replicas) else None,
+                snapshot_every=plan.snapshot_every,
                 timed=plan.stats or plan.auto is not None,  # "auto" times its first batches
                 rank=plan.ranks[0],
                 world_size=plan.ranks[1],
@@ -187,9 +195,10 @@ class SerialEngine(_NoRestart):
             shard_pipe(config.dataset, *config.pipe_share)
         self._dataset = config.dataset
         self._fetcher = fetcher_for(config)
+        self._fetcher.restore_now()  # the loader's own dataset: resumed at iter(), as torchdata's is
         self._rank = config.rank
         self._timed = config.timed
-        self._base_seed = config.base_seed
+        self._draw_seed = config.draw_seed
         self._seed_each_batch = config.seed_each_batch
         self._queue: deque[Request] = deque()
 
@@ -214,15 +223,15 @@ class SerialEngine(_NoRestart):
             epoch, batch = message.epoch, message.batch
             # seed_each_batch: seed the global RNGs as a worker process would, and give the
             # caller back its own states afterwards, whatever the fetch did
-            saved = seed_main_globals(self._base_seed, epoch, batch, self._rank) if self._seed_each_batch else None
+            saved = seed_main_globals(self._draw_seed, epoch, batch, self._rank) if self._seed_each_batch else None
             start = clock() if self._timed else 0.0
             try:
                 done = Done(message.task_id, self._fetcher.fetch(message.index, epoch, batch))
                 if self._timed:
                     done = with_work(done, self._fetcher, 0.0, start)
                 return [(0, done)]
-            except EndOfStream:
-                return [(0, Exhausted(message.task_id))]
+            except EndOfStream as end:
+                return [(0, Exhausted(message.task_id, end.record))]
             except Exception as exc:  # re-raised unchanged by the iterator, as torch does
                 return [(0, Failed(message.task_id, ExceptionInfo.unchanged(exc)))]
             finally:

@@ -10,17 +10,24 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 from .._data.datasets import StackDataset, Subset
 from .protocol import ReplicaBatch
-from .resume import is_stateful, replica_state
+from .replica import Record, Resume, take
+from .resume import is_stateful
 from .seeding import BATCH, ITEM, SAMPLE, FetchScope, batch_key, enter, leave
 from .stats import clock
 
 
 class EndOfStream(Exception):
-    """The iterable dataset replica has no further batch this epoch."""
+    """The iterable dataset replica has no further batch this epoch; `record` is its state at
+    the stream's end (None when it was reported already, or the replica keeps no record)."""
+
+    def __init__(self, record: Record | None = None) -> None:
+        super().__init__()
+        self.record = record
 
 
 def _pass_through(dataset: Any) -> list[Any] | None:
@@ -67,6 +74,7 @@ class MapFetcher:
         base_seed: int = 0,
         timed: bool = False,
         rank: int = 0,
+        resume: Resume | None = None,
     ) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
@@ -76,11 +84,31 @@ class MapFetcher:
         self.timed = timed
         self.timing: tuple[int, float, float] = (0, 0.0, 0.0)  # the last fetch's (samples, fetch_s, collate_s)
         self._getitems = getattr(dataset, "__getitems__", None) if auto_collation and fetches_batches(dataset) else None
+        # a Stateful dataset reports its state with every batch: a fetch cannot be replayed
+        # without the indices of the batches before it, so no batch goes without a snapshot
+        self.stateful = is_stateful(dataset)
+        self._resume = resume if self.stateful else None  # its state, to load before the first fetch
 
     def reset(self) -> None:
-        """A new epoch; map-style fetching keeps no state."""
+        """A new epoch; map-style fetching keeps no state of its own."""
+
+    def restore_now(self) -> None:
+        """Put the resumed dataset's state back now rather than at the first fetch (the
+        loader's own dataset, with num_workers=0: the state holds even if no fetch follows)."""
+        resume, self._resume = self._resume, None
+        if resume is not None and resume.dataset is not None:
+            self.dataset.load_state_dict(resume.dataset_state())
 
     def fetch(self, index: Any, epoch: int = 0, batch: int = 0) -> Any:
+        if not self.stateful:
+            return self._fetch(index, epoch, batch)
+        if self._resume is not None:
+            resume, self._resume = self._resume, None
+            if resume.dataset is not None:
+                self.dataset.load_state_dict(resume.dataset_state())
+        return ReplicaBatch(self._fetch(index, epoch, batch), take(self.dataset, None, 0))
+
+    def _fetch(self, index: Any, epoch: int, batch: int) -> Any:
         batch = batch_key(batch, self.rank)
         scope = FetchScope(self.base_seed, epoch)
         previous = enter(scope)
@@ -133,9 +161,10 @@ class IterableFetcher:
         drop_last: bool,
         base_seed: int = 0,
         worker_id: int = 0,
-        resume: tuple[Any, int] | None = None,
+        resume: Resume | None = None,
         timed: bool = False,
         rank: int = 0,
+        snapshot_every: int = 1,
     ) -> None:
         self.dataset = dataset
         self.auto_collation = auto_collation
@@ -150,30 +179,101 @@ class IterableFetcher:
         self.timing: tuple[int, float, float] = (0, 0.0, 0.0)  # the last fetch's (samples, fetch_s, collate_s)
         self._iterator: Iterator[Any] | None = None
         self._ended = False
+        self._reported_end = False
         self._drawn = 0  # items the replica made this epoch: the key of the next one's seed
-        # a Stateful replica reports its state with every batch; any other dataset is a stream
-        # without state, whatever methods it has
-        self.stateful = is_stateful(dataset)
-        self._resume = resume  # (state, items drawn) to restore before the first iteration
+        # the objects whose state a snapshot takes: the dataset, and its iterator when that is
+        # another object (`_stateful_iterator`, once made); any other dataset is a stream
+        # without state, whatever methods it has, replayed on a resume
+        self._stateful_dataset = dataset if is_stateful(dataset) else None
+        self._stateful_iter: Any = None
+        self._snapshot_every = snapshot_every
+        self._batches = 0  # batches made this epoch: every `snapshot_every`-th takes a snapshot
+        self._resume = resume  # where a resumed replica continues, put back before its first fetch
+
+    @property
+    def stateful(self) -> bool:
+        """The replica's dataset or iterator keeps a state (else a resume replays it)."""
+        return self._stateful_dataset is not None or self._stateful_iter is not None
+
+    def restore_now(self) -> None:
+        """Put the resumed dataset's own state back now rather than at the first fetch (the
+        loader's own dataset, with num_workers=0: the state holds even if no fetch follows);
+        its iterator's state and the replay wait for the first fetch."""
+        resume = self._resume
+        if resume is not None and resume.dataset is not None and self._stateful_dataset is not None:
+            self._stateful_dataset.load_state_dict(resume.dataset_state())
+            self._resume = replace(resume, dataset=None)
 
     def reset(self) -> None:
-        """Start a new epoch: the next fetch iterates the dataset afresh."""
+        """Start a new epoch: the next fetch iterates the dataset afresh (a resumed replica
+        that fetched nothing in its resumed epoch starts it from the dataset's state alone)."""
+        if self._resume is not None:
+            self._resume = Resume(self._resume.dataset, None, 0, 0, False)
         self._iterator = None
+        self._stateful_iter = None
         self._ended = False
+        self._reported_end = False
         self._drawn = 0
+        self._batches = 0
 
     def fetch(self, count: int | None, epoch: int = 0, batch: int = 0) -> Any:
         if self._ended:
-            raise EndOfStream
+            raise EndOfStream(self._end_record())
         scope = FetchScope(self.base_seed, epoch)
         previous = enter(scope)
         try:
             made = self._fetch(scope, count, batch_key(batch, self.rank))
+        except EndOfStream:
+            raise EndOfStream(self._end_record()) from None
         finally:
             leave(previous)
-        if self.stateful:
-            return ReplicaBatch(made, replica_state(self.dataset), self._drawn)
-        return made
+        self._batches += 1
+        if self._ended:  # the stream ended inside this batch: its state now is its end's
+            return ReplicaBatch(made, self._end_record())
+        every = self._snapshot_every
+        if self.stateful and every and self._batches % every == 0:
+            return ReplicaBatch(made, take(self._stateful_dataset, self._stateful_iter, self._drawn))
+        return ReplicaBatch(made, Record(False, drawn=self._drawn))
+
+    def _end_record(self) -> Record | None:
+        """The state at the stream's end, once per epoch (always taken, as torchdata does)."""
+        if self._reported_end:
+            return None
+        self._reported_end = True
+        return take(self._stateful_dataset, self._stateful_iter, self._drawn, ended=True)
+
+    def _start(self, scope: FetchScope) -> None:
+        """Make the epoch's iterator; a resumed replica's states are loaded around `iter()`
+        (the dataset's before, the iterator's after, as torchdata orders them) and the items
+        drawn since its snapshot are drawn again and dropped."""
+        resume, self._resume = self._resume, None
+        if resume is not None and resume.dataset is not None and self._stateful_dataset is not None:
+            self._stateful_dataset.load_state_dict(resume.dataset_state())
+        if resume is not None and resume.ended:  # the dataset is as its stream left it
+            self._drawn = resume.drawn
+            self._ended = True
+            self._reported_end = True  # the loader keeps that end already
+            raise EndOfStream
+        self._iterator = iterator = iter(self.dataset)
+        if iterator is not self.dataset and is_stateful(iterator):
+            self._stateful_iter = iterator
+            if resume is not None and resume.iterator is not None:
+                iterator.load_state_dict(resume.iterator_state())
+        if resume is None:
+            return
+        drawn = resume.drawn - resume.replay
+        scope.tag = ITEM
+        try:
+            while drawn < resume.drawn:
+                scope.key = (self.worker_id, drawn)  # as when the item was first made
+                scope.made = None
+                next(iterator)
+                drawn += 1
+        except StopIteration:
+            self._ended = True
+            raise EndOfStream from None
+        finally:
+            self._drawn = drawn
 
     def _fetch(self, scope: FetchScope, count: int | None, batch: int) -> Any:
         worker_id = self.worker_id
@@ -183,13 +283,10 @@ class IterableFetcher:
             # epoch; calling __iter__ again for every later task would repeat the error.
             self._ended = True
             scope.at(ITEM, (worker_id,))
-            if self._resume is not None:  # a resumed epoch: the replica continues where it was
-                state, self._drawn = self._resume
-                self._resume = None
-                self.dataset.load_state_dict(state)
-            self._iterator = iter(self.dataset)
+            self._start(scope)
             self._ended = False
         iterator = self._iterator
+        assert iterator is not None
         if not self.auto_collation:
             scope.at(ITEM, (worker_id, self._drawn))
             try:
@@ -237,14 +334,18 @@ def make_fetcher(
     drop_last: bool,
     base_seed: int = 0,
     worker_id: int = 0,
-    resume: tuple[Any, int] | None = None,
+    resume: Resume | None = None,
     timed: bool = False,
     rank: int = 0,
+    snapshot_every: int = 1,
 ) -> MapFetcher | IterableFetcher:
     """The fetcher for a dataset kind ("map" or "iterable"); `base_seed` and `worker_id`
     (and an iterable replica's training `rank`) are what `sample_seed()` / `sample_rng()`
-    derive from (see seeding); `resume` is an iterable replica's saved (state, items drawn);
-    `timed` keeps each fetch's `timing`."""
+    derive from (see seeding); `resume` is where the replica continues (see replica);
+    `timed` keeps each fetch's `timing`; an iterable replica's state is taken every
+    `snapshot_every` batches (0: only at its stream's end)."""
     if dataset_kind == "map":
-        return MapFetcher(dataset, auto_collation, collate_fn, base_seed, timed, rank)
-    return IterableFetcher(dataset, auto_collation, collate_fn, drop_last, base_seed, worker_id, resume, timed, rank)
+        return MapFetcher(dataset, auto_collation, collate_fn, base_seed, timed, rank, resume)
+    return IterableFetcher(
+        dataset, auto_collation, collate_fn, drop_last, base_seed, worker_id, resume, timed, rank, snapshot_every
+    )

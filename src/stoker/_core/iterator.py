@@ -49,8 +49,9 @@ from .engines import Death, Engine, ProcessEngine, make_engine
 from .errors import ExceptionInfo, WorkerDiedError, WorkerRestartWarning, describe_index
 from .pin import PinThread, device_setup, pin_function
 from .plan import LoadPlan
-from .protocol import Done, Failed, ReplicaBatch, Reset, Task
-from .resume import Progress, capture_epoch, open_epoch, recording, stateful_user_sampler
+from .protocol import Done, Exhausted, Failed, ReplicaBatch, Reset, Task
+from .replica import Kept, Record
+from .resume import Progress, capture_epoch, is_stateful, open_epoch, recording, stateful_user_sampler
 from .scheduler import Owed, Scheduler
 from .stats import EpochBar, LoaderStats, Recorder, clock
 from .worker import WorkerProcess
@@ -58,6 +59,7 @@ from .worker import WorkerProcess
 T = TypeVar("T")
 
 WAIT_SLICE_S = 0.5  # longest single wait on the engine; bounds how late a dead thread is seen
+_AFRESH = Kept()  # a replica that began its epoch afresh and has delivered nothing yet
 
 
 class LoaderIterator(Generic[T]):
@@ -74,8 +76,12 @@ class LoaderIterator(Generic[T]):
             plan.seed_source,
             plan.persistent,
             num_workers=plan.num_workers,
+            replicas={w: kept for w, kept in enumerate(plan.replicas) if kept is not None},
+            stateful_map=not plan.iterable and is_stateful(plan.dataset),
+            carries=plan.persistent or plan.num_workers == 0 or plan.threads,
         )
-        self._replica_of: dict[int, tuple[int, list[Any]]] = {}  # task -> (worker, [state, drawn])
+        self._replica_of: dict[int, tuple[int, Record]] = {}  # task -> (worker, its replica's record)
+        self._finals: dict[int, tuple[int, Record]] = {}  # worker -> (task, its stream's end), until passed
         self._origins = self._progress.origins  # epoch -> what replays its draws
         # a torch IterDataPipe: the shared seed of the epoch the workers start (or reset) with
         self._pipe = plan.iterable and is_iter_datapipe(plan.dataset)
@@ -87,6 +93,11 @@ class LoaderIterator(Generic[T]):
         if self._pipe and self._pipe_seed is None:  # resumed: a seed of its own
             self._pipe_seed = self._draw_pipe_seed()
         self._progress.base_seed = self._base_seed
+        # per-sample draws keep the run's first base seed in every epoch, whether this iterator
+        # lives on (persistent) or each epoch draws its own, as torch's do (see RandomSource.run_seed)
+        if plan.seed_source.run_seed is None:
+            plan.seed_source.run_seed = self._base_seed
+        self._run_seed = plan.seed_source.run_seed
         self._broken: BaseException | None = None
         self._yielded = 0
         self._restarts = 0
@@ -106,7 +117,7 @@ class LoaderIterator(Generic[T]):
         self._unpinned: set[int] = set()  # tasks handed to the pin thread
         self._in_place: set[int] = set()  # tasks born pinned, not handed to it
         self._head = Head(plan.auto) if plan.auto is not None else None
-        self._engine: Engine = make_engine(plan, self._base_seed, self._pipe_seed, pipe_share)
+        self._engine: Engine = make_engine(plan, self._base_seed, self._pipe_seed, pipe_share, run_seed=self._run_seed)
         # one Recorder for the iterator's life, counting each epoch afresh (see _begin_stats)
         self._recorder = (
             Recorder(plan.first_epoch, plan.num_workers, plan.prefetch_factor, plan.threads, [], plan.choice)
@@ -129,7 +140,9 @@ class LoaderIterator(Generic[T]):
         start, skip, first_worker = 0, [], 0
         if plan.resume is not None:
             start, skip = plan.resume["position"], plan.resume.get("delivered_after", [])
-            first_worker = (plan.resume.get("iterable") or {}).get("next_worker", 0)
+            first_worker = (plan.resume.get("replicas") or {}).get("next_worker", 0)
+            if plan.iterable and first_worker:  # a state taken now names the same next worker
+                self._progress.last_worker = (first_worker - 1) % workers
         self._scheduler.begin_epoch(first_source, start=start, skip=skip, first_worker=first_worker)
         self._progress.scheduler = self._scheduler
         self._bar: EpochBar | None = None
@@ -202,8 +215,9 @@ class LoaderIterator(Generic[T]):
         self._born = self._plan.pin_in_place  # until to_device asks again (allow_born_pinned)
         if scheduler.current_epoch is None:
             self._begin_epoch()
-        self._progress.replicas.clear()  # the replicas' states of the epoch now delivering
-        self._progress.last_worker = None
+        self._apply_finals()
+        self._finals.clear()
+        self._progress.next_epoch()  # the replicas' places in the epoch now delivering
         self._started_current = True
         self._stop_stats()
         self._begin_stats(scheduler.current_epoch, begun)
@@ -351,7 +365,7 @@ class LoaderIterator(Generic[T]):
         )
         auto.on_choice(choice, self)
         self._engine.close()
-        engine = self._engine = self._running.engine = make_engine(plan, self._base_seed)
+        engine = self._engine = self._running.engine = make_engine(plan, self._base_seed, run_seed=self._run_seed)
         self._prefetch_next = _prefetches_next(plan)
         try:
             engine.start()
@@ -415,8 +429,10 @@ class LoaderIterator(Generic[T]):
         for worker_id, reply in replies:
             if isinstance(reply, Done) and isinstance(reply.payload, ReplicaBatch):
                 carried = reply.payload
-                self._replica_of[reply.task_id] = (worker_id, [carried.state, carried.drawn])
+                self._replica_of[reply.task_id] = (worker_id, carried.record)
                 reply = Done(reply.task_id, carried.batch, reply.work)
+            elif isinstance(reply, Exhausted) and reply.record is not None:
+                self._finals[worker_id] = (reply.task_id, reply.record)
             if self._recorder is not None and isinstance(reply, Done) and reply.work is not None:
                 self._recorder.received(worker_id, reply.work)
             kept = self._scheduler.complete(worker_id, reply)
@@ -557,8 +573,11 @@ class LoaderIterator(Generic[T]):
         assert isinstance(reply, Done)
         replica = self._replica_of.pop(reply.task_id, None)
         if replica is not None:  # this replica has now given the consumer this far
-            self._progress.replicas[replica[0]] = replica[1]
-            self._progress.last_worker = replica[0]
+            self._move_replica(*replica)
+            if self._plan.iterable:
+                self._progress.last_worker = replica[0]
+            if self._finals:
+                self._apply_finals()
         self._yielded += 1
         recorder = self._recorder
         if recorder is not None and reply.work is not None:
@@ -600,7 +619,19 @@ class LoaderIterator(Generic[T]):
             )
         warnings.warn(message, stacklevel=5)  # the user's next()
 
+    def _move_replica(self, worker_id: int, record: Record) -> None:
+        replicas = self._progress.replicas
+        replicas[worker_id] = replicas.get(worker_id, _AFRESH).after(record)
+
+    def _apply_finals(self) -> None:
+        """A replica's stream end counts once every batch it made before it was delivered."""
+        for worker_id, (task_id, record) in list(self._finals.items()):
+            if not any(w == worker_id and t < task_id for t, (w, _) in self._replica_of.items()):
+                del self._finals[worker_id]
+                self._move_replica(worker_id, record)
+
     def _end_epoch(self) -> None:
+        self._apply_finals()
         self._stop_stats(at_return=True)
         self._scheduler.finish_epoch()
         self._started_current = False

@@ -18,6 +18,7 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
+from .._base.checks import check_int
 from .._data import collate as _collate
 from .._data.datasets import Dataset
 from .._data.distributed import ranks, shards_by_rank, torch_distributed_world
@@ -51,16 +52,19 @@ from .plan import (
     resolve_ranks,
     resolve_workers,
 )
+from .replica import Kept
 from .resume import (
     ELASTIC_KEYS,
     Progress,
-    capture_epoch,
+    ReplicaUnsaved,
+    is_stateful,
     make_elastic,
-    why_not_stateful,
+    predraw,
 )
 from .resume import VERSION as STATE_VERSION
 from .resume import check as check_resume
 from .resume import describe as describe_resume
+from .resume import upgrade as upgrade_state
 from .stats import LoaderStats, Recorder, clock
 
 T_co = TypeVar("T_co", covariant=True)
@@ -228,6 +232,15 @@ class DataLoader(Generic[T_co]):
             their small cost. Defaults to True.
         progress: True draws a tqdm bar per epoch (needs tqdm:
             `pip install stoker[progress]`) and `stats=True`. Defaults to False.
+        snapshot_every_n_steps: torchdata's argument: how often (in batches of one worker's
+            replica) an IterableDataset replica's state (its `state_dict()`, and its
+            iterator's) is taken and sent with its batch; 0 takes it only at the end of the
+            replica's stream. Every position stays exact: a resume loads the last state taken
+            and draws again (without collating) the items drawn since, so a larger value trades
+            the cost of a `state_dict()` and its pickling per batch for that replay. A stream
+            that keeps no state is replayed from its epoch's start whatever the value; a
+            map-style dataset that keeps a state has it taken with every batch (a fetch cannot
+            be replayed). Defaults to 1.
 
     Raises:
         TypeError: when an argument has the wrong type: `num_workers` not an int or "auto",
@@ -237,9 +250,9 @@ class DataLoader(Generic[T_co]):
             neither callable nor None, `generator` not None, an int, a numpy or a torch
             Generator, `multiprocessing_context` neither a start method's name nor a
             context, or one of `in_order`, `thread_pool`, `auto_reload`, `seed_each_batch`,
-            `stats`, `progress` not a bool.
+            `stats`, `progress` not a bool, or `snapshot_every_n_steps` not an int.
         ValueError: when the values contradict torch's rules or each other: a negative
-            `num_workers`, `timeout`, `prefetch_factor`, `max_worker_restarts` or int
+            `num_workers`, `snapshot_every_n_steps`, `timeout`, `prefetch_factor`, `max_worker_restarts` or int
             `generator`; `prefetch_factor` or `persistent_workers=True` or
             `multiprocessing_context` with `num_workers=0`; an unknown start method;
             `pin_memory` another string than "born"; `last_batch` not one of "keep",
@@ -299,6 +312,7 @@ class DataLoader(Generic[T_co]):
         seed_each_batch: bool = False,
         stats: bool = True,
         progress: bool = False,
+        snapshot_every_n_steps: int = 1,
     ) -> None:
         workers = resolve_workers(
             num_workers,
@@ -333,6 +347,7 @@ class DataLoader(Generic[T_co]):
         self.seed_each_batch = seed_each_batch
         self.stats_enabled = stats
         self.progress = progress
+        self.snapshot_every_n_steps = check_int("snapshot_every_n_steps", snapshot_every_n_steps, low=0)
         batching = resolve_batching(
             type(self),
             dataset,
@@ -390,6 +405,8 @@ class DataLoader(Generic[T_co]):
         self._epochs_started = 0  # epochs begun over the loader's life: seeds depend on it
         self._latest: Progress | None = None  # how far the latest iterator got: state_dict reads it
         self._resume: dict[str, Any] | None = None  # a loaded state, for the next iter()
+        self._resume_replicas: list[Kept | None] = []  # its replicas' places (see replica)
+        self._resume_restore = False  # its replicas are put back (a load), or are where they are (a state of our own)
         self._last_iterator: weakref.ref[LoaderIterator[Any]] | None = None  # for stats()
         self._last_recorder: Recorder | None = None  # kept when that iterator is dropped
 
@@ -515,8 +532,10 @@ class DataLoader(Generic[T_co]):
             on_choice=on_choice,
         )
 
-    def _plan(self, resume: dict[str, Any] | None = None) -> LoadPlan:
-        """What a new iterator needs, read now."""
+    def _plan(
+        self, resume: dict[str, Any] | None = None, replicas: Sequence[Kept | None] = (), restore: bool = False
+    ) -> LoadPlan:
+        """What a new iterator needs, read now: where it resumes, and its replicas' places."""
         self._resolve_auto()
         head = self._head_start() if self._choice_in_epoch() else None
         workers = 0 if head is not None else int(self.num_workers)
@@ -559,6 +578,9 @@ class DataLoader(Generic[T_co]):
             auto=head,
             ranks=self._ranks,
             pin_in_place=isinstance(self.pin_memory, str) and self.pin_memory == BORN,
+            replicas=tuple(replicas),
+            restore=restore,
+            snapshot_every=self.snapshot_every_n_steps,
         )
 
     # -------------------------------------------------------------- iteration
@@ -598,6 +620,10 @@ class DataLoader(Generic[T_co]):
             self._warned_unsharded = True
             self._warn_if_unsharded()
         resume, self._resume = self._resume, None
+        replicas, self._resume_replicas = self._resume_replicas, []
+        restore = self._resume_restore
+        if resume is None:
+            replicas, restore = self._carried(), False
         if resume is None and self._latest is not None:
             # a resumed run whose next epoch the saved run had already drawn (prefetched by
             # persistent workers), continued by a new iterator
@@ -610,7 +636,7 @@ class DataLoader(Generic[T_co]):
                     "drawn": True,
                     "base_seed": None,
                 }
-        iterator: LoaderIterator[Any] = LoaderIterator(self._plan(resume), begun)
+        iterator: LoaderIterator[Any] = LoaderIterator(self._plan(resume, replicas, restore), begun)
         self._latest = iterator.progress
         self._last_iterator = weakref.ref(iterator)
         self._last_recorder = iterator.recorder
@@ -641,54 +667,99 @@ class DataLoader(Generic[T_co]):
     # ----------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is: its current iterator's position (or the start of its next
-        epoch), as plain JSON values. `load_state_dict` on a loader of the same configuration
-        makes its next `iter()` continue exactly from here.
+        epoch), as torchdata's `StatefulDataLoader.state_dict()` gives it. `load_state_dict`
+        on a loader of the same configuration makes its next `iter()` continue exactly from
+        here.
+
+        stoker's own parts are plain JSON values (generator states, positions, counts); what a
+        dataset, its iterator or a sampler returned from its own `state_dict()` is held as it
+        was returned, never converted. Between epochs (before the first `iter()`, after an
+        epoch's end), the next epoch's draws (its order and base seed) are made now, from the
+        loader's `generator` or the global RNG, so that the state fixes them, as torchdata's
+        does: the global RNG moves on here rather than at the next `iter()`.
 
         Returns:
-            The state, made of plain JSON values (dicts, lists, strings, numbers).
+            The state: a dict (see the user guide page "Randomness and resume").
 
         Raises:
-            TypeError: when the dataset is an IterableDataset that cannot save its position:
-                it does not follow the Stateful protocol (`state_dict()` with no argument,
-                `load_state_dict(state)`), or its `state_dict()` raised or returned a value
-                that is not plain JSON. The message names the dataset's type and the reason.
-                (`stoker.torch.DataLoader` returns a state saying so instead.)
+            RuntimeError: when a replica's `state_dict()` (an IterableDataset's, its
+                iterator's, or a map-style dataset's that keeps a state) raised; the message
+                names the dataset, the worker and the error.
+            TypeError: when such a state cannot be pickled (stoker keeps each state pickled
+                from the moment it is taken); the message names the dataset and the worker.
         """
-        state, reason = self._state_or_reason()
-        if state is None:
-            raise TypeError(
-                f"DataLoader.state_dict() cannot save the position of {type(self.dataset).__name__}: "
-                f"{reason}. An IterableDataset resumes only if it follows the Stateful protocol: "
-                "state_dict() with no argument, returning its replica's position as plain JSON "
-                "values, and load_state_dict(state); stoker gathers one per worker and never "
-                "replays a stream from its start"
-            )
-        return state
+        try:
+            # with the seed the run's per-sample draws derive from (see RandomSource.run_seed)
+            return dict(self._state(), sample_seed=self._plan().seed_source.run_seed)
+        except ReplicaUnsaved as unsaved:
+            where = "in this process (num_workers=0)" if self.num_workers == 0 else f"in worker {unsaved.worker}"
+            error = TypeError if unsaved.kind == "pickle" else RuntimeError
+            raise error(
+                f"DataLoader.state_dict() cannot save the state of {type(self.dataset).__name__} {where}: "
+                f"{unsaved.reason}. A dataset's (or its iterator's) state_dict() must return a value "
+                "that pickle can hold; stoker keeps it as returned"
+            ) from None
 
-    def _state_or_reason(self) -> tuple[dict[str, Any] | None, str]:
-        """The state `state_dict()` gives, or None and why an iterable dataset has none."""
-        reason = why_not_stateful(self.dataset) if self._iterable else None
-        if reason is not None:
-            return None, reason
-        if self._resume is not None:  # loaded and not iterated yet: still that point
-            return dict(self._resume), ""
+    def _state(self) -> dict[str, Any]:
+        if self._resume is not None:  # loaded (or fixed) and not iterated yet: still that point
+            return self._with_records(self._resume, self._resume_replicas)
         plan = self._plan()
         point = self._latest.point() if self._latest is not None else None
-        if point is not None and "unsaved" in point:
-            return None, point["unsaved"]
-        if point is None:
-            iterable = self._iterable
+        if point is None or not point.get("drawn", True):
+            # no epoch under way: the next one's draws are made now and kept for its iter()
+            origin, base_seed = predraw(
+                None if self._iterable else plan.index_sampler, plan.seed_source, draws_seed=True
+            )
+            carried = self._carried()
             point = {
                 "epoch": self._epochs_started,
                 "position": 0,
                 "delivered_after": [],
-                "drawn": False,
-                "origin": capture_epoch(None if iterable else plan.index_sampler, plan.seed_source, draws_seed=True),
-                "base_seed": None,
+                "drawn": True,
+                "origin": origin,
+                "base_seed": base_seed,
                 "next_origin": None,
-                "iterable": None,
+                "replicas": self._replica_part(carried, 0),
             }
-        return {"version": STATE_VERSION, "config": describe_resume(plan), **point}, ""
+            self._resume = {"version": STATE_VERSION, "config": describe_resume(plan), **point, "replicas": None}
+            self._resume["replicas"] = None if point["replicas"] is None else dict(point["replicas"], records=[])
+            self._resume_replicas, self._resume_restore = carried, False
+            return self._with_records(self._resume, carried)
+        return {"version": STATE_VERSION, "config": describe_resume(plan), **point}
+
+    def _carried(self) -> list[Kept | None]:
+        """The replicas' places at the start of a new iterator's first epoch: where the last
+        iterator's left them when the replica is the loader's own dataset (num_workers=0, or
+        thread workers), afresh when new workers copy the dataset."""
+        count = max(int(self.num_workers), 1)
+        if self._latest is None or not (self.num_workers == 0 or self.thread_pool):
+            return [None] * count
+        carried = self._latest.carried()
+        return carried if len(carried) == count else [None] * count
+
+    def _keeps_replicas(self) -> bool:
+        return self._iterable or is_stateful(self.dataset)
+
+    def _replica_part(self, kept: Sequence[Kept | None], next_worker: int) -> dict[str, Any] | None:
+        if not self._keeps_replicas():
+            return None
+        for worker, k in enumerate(kept):
+            if k is not None and k.unsaved is not None:
+                raise ReplicaUnsaved(worker, k.unsaved.reason, k.unsaved.kind)
+        return {
+            "num_workers": int(self.num_workers),
+            "records": [None if k is None else k.saved() for k in kept],
+            "next_worker": next_worker,
+        }
+
+    @staticmethod
+    def _with_records(state: dict[str, Any], kept: Sequence[Kept | None]) -> dict[str, Any]:
+        """A kept state with its replicas' records made afresh (the user's states unpickled
+        anew, so that the caller never holds the loader's own objects)."""
+        part = state.get("replicas")
+        if part is None:
+            return dict(state)
+        return dict(state, replicas=dict(part, records=[None if k is None else k.saved() for k in kept]))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a `state_dict()`: the next `iter()` yields exactly the batches the
@@ -696,40 +767,83 @@ class DataLoader(Generic[T_co]):
 
         A persistent iterator still running is closed. The state may come from a loader with
         another `num_workers`, `prefetch_factor`, `batch_size` or number of ranks, within
-        what the user guide page "Randomness and resume" describes; an IterableDataset
-        resumes only with the same number of workers.
+        what the user guide page "Randomness and resume" describes; the replicas of an
+        IterableDataset (or of a map-style dataset that keeps a state) resume only with the
+        same number of workers, each in its own worker's place. A state of an older format
+        (version 1) is read.
 
         Args:
-            state: What `state_dict()` returned (also after a round trip through JSON).
+            state: What `state_dict()` returned (also after a round trip through
+                `torch.save`/`torch.load`, or through JSON when every state a dataset
+                returned is JSON).
 
         Raises:
             ValueError: when the state is from another configuration (another dataset
-                length, sampler, shuffle, seed source...), from another version of the state
-                format, lacks a key, or holds the states of another number of IterableDataset
-                replicas than this loader's `num_workers`. The message says what differs, and
-                nothing is applied.
+                length, sampler, shuffle, seed source...), from an unknown version of the state
+                format, lacks a key, holds a malformed replica record, or holds the states of
+                another number of replicas than this loader's `num_workers`. The message says
+                what differs, and nothing is applied.
         """
         plan = self._plan()
         config = describe_resume(plan)
+        state = upgrade_state(state)
         check_resume(state, config)
         for key in ("epoch", "position", "origin"):
             if key not in state:
                 raise ValueError(f"this DataLoader state lacks {key!r}; it was not applied")
-        saved_iterable = state.get("iterable")
-        if saved_iterable and saved_iterable["num_workers"] != self.num_workers:
-            raise ValueError(
-                f"this DataLoader state holds the states of {saved_iterable['num_workers']} "
-                f"IterableDataset replica(s) (num_workers={saved_iterable['num_workers']}); this "
-                f"loader has num_workers={self.num_workers}: an iterable dataset resumes only with "
-                "the same number of workers, each replica in its own worker's place"
-            )
+        run_seed = _run_seed_of(state)
+        kept = self._loaded_replicas(state.get("replicas"))
         if any(state["config"].get(key) != config.get(key) for key in ELASTIC_KEYS):
             state = make_elastic(state, plan.index_sampler, plan.batch_size)
         if self._iterator is not None:  # a persistent iterator would go on from its own point
             self._iterator.close()
             self._iterator = None
         self._resume = dict(state)
+        part = state.get("replicas")
+        self._resume["replicas"] = None if part is None else dict(part, records=[])
+        self._resume_replicas, self._resume_restore = kept, True
         self._epochs_started = int(state["epoch"])
+        plan.seed_source.run_seed = run_seed  # None: the resumed iterator's base seed starts the run
+
+    def _loaded_replicas(self, part: Any) -> list[Kept | None]:
+        """A state's replica records checked against this loader, as the places its workers
+        are put back in (nothing is applied when one does not fit)."""
+        count = max(int(self.num_workers), 1)
+        if part is None:
+            if self._iterable:
+                raise ValueError("this DataLoader state holds no replica records, which an IterableDataset needs")
+            return [None] * count
+        if not isinstance(part, dict) or not isinstance(part.get("records"), list):
+            raise ValueError("this DataLoader state's 'replicas' is not a replica part (with 'records'); not applied")
+        records = part["records"]
+        kept = [Kept.loaded(r, f"replica record {w}") for w, r in enumerate(records)]
+        if all(k is None for k in kept):
+            return [None] * count
+        saved_workers = part.get("num_workers")
+        if saved_workers != self.num_workers or len(kept) != count:
+            what = "IterableDataset replica(s)" if self._iterable else f"{type(self.dataset).__name__} replica(s)"
+            raise ValueError(
+                f"this DataLoader state holds the states of {len(kept)} {what} "
+                f"(num_workers={saved_workers}); this loader has num_workers={self.num_workers}: a "
+                "dataset that keeps a state resumes only with the same number of workers, each "
+                "replica in its own worker's place"
+            )
+        replayed = sum(k.drawn - k.drawn_at for k in kept if k is not None and k.dataset is None and k.iterator is None)
+        if replayed:
+            warnings.warn(
+                f"resuming {type(self.dataset).__name__} by replaying the {replayed} item(s) its replicas had "
+                "drawn: it keeps no state (no state_dict()/load_state_dict(state)), so each worker draws "
+                "its stream again up to where it was, without collating (the time grows with the position)",
+                UserWarning,
+                stacklevel=3,
+            )
+        if not self._iterable and not is_stateful(self.dataset):
+            raise ValueError(
+                f"this DataLoader state holds the states of a dataset's replicas; this loader's "
+                f"{type(self.dataset).__name__} keeps none (no state_dict()/load_state_dict(state)): "
+                "it was not applied"
+            )
+        return kept
 
     def __len__(self) -> int:
         """The number of batches in an epoch (samples without automatic batching).
@@ -778,3 +892,14 @@ class DataLoader(Generic[T_co]):
         it already)."""
         if self._auto is None:
             warn_if_too_many_workers(self.num_workers, stacklevel=2)
+
+
+def _run_seed_of(state: dict[str, Any]) -> int | None:
+    """The run seed a state names (`sample_seed`; None in a state saved before its run drew one,
+    or by an older stoker)."""
+    seed = state.get("sample_seed")
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+        raise ValueError(
+            f"this DataLoader state's 'sample_seed' should be an int >= 0 or None, but got {seed!r}; it was not applied"
+        )
+    return seed

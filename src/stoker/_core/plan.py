@@ -94,6 +94,11 @@ class LoadPlan:
     auto: AutoStart | None = None  # num_workers="auto": the first epoch starts inline, then chooses
     ranks: tuple[int, int, int | None] = (0, 1, None)  # (rank, world size, local rank) for workers
     pin_in_place: bool = False  # pin_memory="born": batches born pinned in the arena (see hostpin)
+    # each replica's place as the first epoch starts (`replica.Kept` per worker, or None:
+    # afresh); `restore`: a resume, whose workers put those places back before fetching
+    replicas: tuple[Any, ...] = ()
+    restore: bool = False
+    snapshot_every: int = 1  # an iterable replica's state is taken every n batches (0: at its end)
 
     @property
     def iterable(self) -> bool:

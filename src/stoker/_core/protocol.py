@@ -14,8 +14,9 @@ Every message is one of the frozen dataclasses below; nothing else crosses the b
    Stop()                ───────────────────▶   exit the loop
                          ◀───────────────────   Done(task_id, payload, work)
                          ◀───────────────────   Failed(task_id, error)
-                         ◀───────────────────   Exhausted(task_id)   iterable replica ended;
-                                                  the task carried no batch
+                         ◀───────────────────   Exhausted(task_id, record)   iterable replica
+                                                  ended; the task carried no batch, the
+                                                  record its state at the end
 ```
 
 `work` is the worker's timing of the batch (see stats), or None with `stats=False`.
@@ -121,20 +122,21 @@ class Failed:
 
 @dataclass(frozen=True)
 class ReplicaBatch(Compact):
-    """A batch from an IterableDataset replica that keeps a state (`state_dict()`), with
-    that state and the number of items drawn right after it: what a resume restores. The
-    state travels as JSON text, or as `resume.UnsavedState` when it could not be saved."""
+    """A batch from an IterableDataset replica, or from a map-style dataset that keeps a
+    state, with the replica's `replica.Record`: its state (pickled) or how far it got since
+    the last one, what a resume restores."""
 
     batch: Any
-    state: Any
-    drawn: int
+    record: Any
 
 
 @dataclass(frozen=True)
 class Exhausted:
-    """The worker's iterable replica has no more batches this epoch."""
+    """The worker's iterable replica has no more batches this epoch; `record`: its state at
+    the stream's end (`replica.Record`), once per epoch."""
 
     task_id: int
+    record: Any = None
 
 
 Request = Union[Task, Reset, Stop]

@@ -28,8 +28,9 @@ from .._base.hooks import DescribesStream, KeepsEpoch, ResumableSampler, SetsEpo
 from .._data.identity import describe_data, prefixed
 from .._data.rng import RandomSource
 from .._data.samplers import BatchSampler
+from .replica import Kept
 
-VERSION = 1
+VERSION = 2  # 2: replica records (any state, pickled, iterators, replays); 1 is read (see upgrade)
 _END = object()
 
 
@@ -72,28 +73,6 @@ def is_stateful(obj: Any) -> bool:
     return why_not_stateful(obj) is None
 
 
-@dataclass(frozen=True)
-class UnsavedState:
-    """What an IterableDataset replica reports instead of its state when its `state_dict()`
-    raised or returned something that is not plain JSON: the stream goes on, and the
-    loader's `state_dict()` says why it cannot resume."""
-
-    reason: str
-
-
-def replica_state(dataset: Any) -> str | UnsavedState:
-    """A Stateful replica's state now, as JSON text (a snapshot that no later change to the
-    dataset's objects can alter), or why it cannot be saved."""
-    try:
-        state = dataset.state_dict()
-    except Exception as exc:
-        return UnsavedState(f"its state_dict() raised {type(exc).__name__}: {exc}")
-    try:
-        return json.dumps(state)
-    except (TypeError, ValueError, RecursionError) as exc:
-        return UnsavedState(f"its state_dict() returned a value that is not plain JSON ({exc})")
-
-
 @dataclass
 class Progress:
     """How far one iterator got: what `DataLoader.state_dict()` reads. The loader keeps it
@@ -108,17 +87,26 @@ class Progress:
     user_states: dict[int, dict[int, Any]] = field(default_factory=dict)  # epoch -> position -> user sampler state
     scheduler: Any = None
     started: bool = True  # the delivering epoch was handed to the consumer by iter()
-    num_workers: int = 0  # iterable datasets: one replica per worker (or one in-process)
-    replicas: dict[int, list[Any]] = field(default_factory=dict)  # worker -> [state, drawn] delivered last
+    num_workers: int = 0  # one replica per worker (or one in-process)
+    # worker -> its replica's place as of its last delivered batch (see replica); a worker with
+    # none has delivered nothing yet in the epoch and starts it afresh
+    replicas: dict[int, Kept] = field(default_factory=dict)
+    stateful_map: bool = False  # a map-style dataset that keeps a state: its replicas' states are saved
+    carries: bool = False  # the replicas go on into the next epoch (persistent workers, or in-process)
     last_worker: int | None = None  # iterable: the worker whose batch was delivered last
     frozen: dict[str, Any] | None = None  # the point when the iterator stopped
+    frozen_error: ReplicaUnsaved | None = None  # why that point has no state
     stopped: bool = False
 
     def freeze(self) -> None:
         """The iterator stopped: keep its point and let go of the scheduler (and with it the
-        batches that had arrived and were never handed out)."""
+        batches that had arrived and were never handed out). Draws nothing: a state taken
+        later fixes the next epoch's draws itself (see the loader)."""
         if not self.stopped:
-            self.frozen = self.point()
+            try:
+                self.frozen = self.point(fix=False)
+            except ReplicaUnsaved as unsaved:
+                self.frozen_error = unsaved
             self.stopped = True
             self.scheduler = None
 
@@ -131,19 +119,73 @@ class Progress:
             return origin
         return None
 
-    def point(self) -> dict[str, Any] | None:
+    def next_epoch(self) -> None:
+        """The replicas begin a new epoch: each goes on from its stream's end if it carries
+        over, afresh otherwise."""
+        self.replicas = {w: kept.carried() for w, kept in self.replicas.items()} if self.carries else {}
+        self.last_worker = None
+
+    def carried(self) -> list[Kept | None]:
+        """The replicas' places for an epoch that starts after this iterator's last: what the
+        loader's next iterator reads from, when the replicas carry over."""
+        count = max(self.num_workers, 1)
+        if not self.carries:
+            return [None] * count
+        current = self.scheduler.current_epoch if self.scheduler is not None else None
+        ended = current is None or not self.started
+        return [
+            (kept.carried() if ended else kept) if (kept := self.replicas.get(w)) is not None else None
+            for w in range(count)
+        ]
+
+    def _replica_part(self, next_epoch: bool) -> dict[str, Any] | None:
+        """The state's record of each replica (None: nothing to record)."""
+        if self.index_sampler is not None and not self.stateful_map:
+            return None
+        count = max(self.num_workers, 1)
+        kept: list[Kept | None] = [self.replicas.get(w) for w in range(count)]
+        if next_epoch:
+            kept = [k.carried() if k is not None and self.carries else None for k in kept]
+        for worker, k in enumerate(kept):
+            if k is not None and k.unsaved is not None:
+                raise ReplicaUnsaved(worker, k.unsaved.reason, k.unsaved.kind)
+        next_worker = 0 if next_epoch or self.last_worker is None else (self.last_worker + 1) % count
+        return {
+            "num_workers": self.num_workers,
+            "records": [None if k is None else k.saved() for k in kept],
+            "next_worker": next_worker,
+        }
+
+    def point(self, fix: bool = True) -> dict[str, Any] | None:
         """Where a resumed iterator continues, or None when no epoch is under way and the
-        loader's next epoch starts afresh."""
+        loader's next epoch starts afresh (a new iterator, which draws its own base seed).
+        `fix`: between a persistent iterator's epochs, make the next epoch's draws now (the
+        state then fixes its order, as torchdata's does); else the point says `drawn: False`.
+
+        Raises `ReplicaUnsaved` when a replica's state could not be taken."""
         if self.stopped:
+            if self.frozen_error is not None:
+                raise self.frozen_error
             return self.frozen
         scheduler = self.scheduler
         if scheduler is None:
             return None
         if self.index_sampler is None:  # an iterable dataset: its replicas' states
             if not (self.started and scheduler.current_epoch is not None):
-                return None
-            replicas = max(self.num_workers, 1)
-            point: dict[str, Any] = {
+                if not self.persistent:
+                    return None
+                epoch = scheduler.next_epoch_number if scheduler.current_epoch is None else scheduler.current_epoch
+                return {
+                    "epoch": epoch,
+                    "position": 0,
+                    "delivered_after": [],
+                    "drawn": True,
+                    "origin": self.origins.get(epoch) or capture_epoch(None, self.seed_source, draws_seed=False),
+                    "base_seed": self.base_seed,
+                    "next_origin": None,
+                    "replicas": self._replica_part(next_epoch=True),
+                }
+            return {
                 "epoch": scheduler.current_epoch,
                 "position": scheduler.delivered,
                 "delivered_after": [],
@@ -151,16 +193,8 @@ class Progress:
                 "origin": self.origins.get(scheduler.current_epoch),
                 "base_seed": self.base_seed,
                 "next_origin": None,
-                "iterable": {
-                    "num_workers": self.num_workers,
-                    "replicas": [_loaded(self.replicas.get(w)) for w in range(replicas)],
-                    "next_worker": 0 if self.last_worker is None else (self.last_worker + 1) % replicas,
-                },
+                "replicas": self._replica_part(next_epoch=False),
             }
-            unsaved = [r[0].reason for r in self.replicas.values() if isinstance(r[0], UnsavedState)]
-            if unsaved:  # not a state: the loader says why it has none
-                point["unsaved"] = unsaved[0]
-            return point
         if self.started and scheduler.current_epoch is not None:
             epoch = scheduler.current_epoch
             position, after = scheduler.position()
@@ -176,13 +210,21 @@ class Progress:
                 "origin": origin,
                 "base_seed": self.base_seed,
                 "next_origin": self.origins.get(epoch + 1),
+                "replicas": self._replica_part(next_epoch=False),
             }
         if self.persistent:  # between epochs: the next one keeps this iterator's base seed
             current = scheduler.current_epoch
             epoch = scheduler.next_epoch_number if current is None else current
             prefetched = self.origins.get(epoch)
             drawn = prefetched is not None  # the next epoch was prefetched: its draws are made
-            if prefetched is None:
+            if prefetched is None and fix:
+                # the next epoch's draws are made now, so that the state fixes its order (as
+                # torchdata's does): the iterator's next epoch replays them
+                prefetched = predraw(self.index_sampler, self.seed_source, draws_seed=False)[0]
+                self.pending = (epoch, prefetched)
+                self.origins[epoch] = prefetched
+                drawn = True
+            elif prefetched is None:
                 prefetched = capture_epoch(self.index_sampler, self.seed_source, draws_seed=False)
             return {
                 "epoch": epoch,
@@ -192,16 +234,27 @@ class Progress:
                 "origin": prefetched,
                 "base_seed": self.base_seed,
                 "next_origin": None,
+                "replicas": self._replica_part(next_epoch=True),
             }
         return None
 
 
-def _loaded(replica: list[Any] | None) -> list[Any] | None:
-    """A replica's [state, items drawn] as the loader's state holds it (the state parsed
-    from the JSON text its worker sent)."""
-    if replica is None or isinstance(replica[0], UnsavedState):
-        return None
-    return [json.loads(replica[0]), replica[1]]
+class ReplicaUnsaved(Exception):
+    """A replica's state could not be taken: `DataLoader.state_dict()` words it."""
+
+    def __init__(self, worker: int, reason: str, kind: str) -> None:
+        super().__init__(worker, reason, kind)
+        self.worker, self.reason, self.kind = worker, reason, kind
+
+
+def predraw(index_sampler: Any, seed_source: RandomSource, draws_seed: bool) -> tuple[dict[str, Any], int | None]:
+    """Make the draws of an epoch that starts next, now: its origin (what replays them) and
+    the base seed drawn with it. The random streams move on as that epoch's start would move
+    them; the epoch itself then replays the origin."""
+    origin = capture_epoch(index_sampler, seed_source, draws_seed=draws_seed)
+    indices, base_seed = open_epoch(index_sampler, seed_source, origin, 0, drawn=False)
+    next(indices, None)  # a sampler that draws lazily draws at its first index
+    return origin, base_seed
 
 
 def _inner(index_sampler: Any) -> Any:
@@ -411,12 +464,39 @@ def make_elastic(state: dict[str, Any], index_sampler: Any, batch_size: int | No
     return elastic
 
 
+def upgrade(state: Any) -> Any:
+    """A state of an older format as this version holds it (anything else is returned as it
+    is, for `check` to judge). Version 1 kept an IterableDataset replica's state under
+    `iterable` as [its state, items drawn], or None before its first batch."""
+    if not isinstance(state, dict) or state.get("version") != 1:
+        return state
+    upgraded = {key: value for key, value in state.items() if key != "iterable"}
+    upgraded["version"] = VERSION
+    old = state.get("iterable")
+    if isinstance(old, dict):
+        records = [
+            None if r is None else {"dataset": r[0], "iterator": None, "replay": 0, "drawn": int(r[1]), "ended": False}
+            for r in old.get("replicas", [])
+        ]
+        upgraded["replicas"] = {
+            "num_workers": old.get("num_workers"),
+            "records": records,
+            "next_worker": old.get("next_worker", 0),
+        }
+    else:
+        upgraded["replicas"] = None
+    return upgraded
+
+
 def check(state: Any, config: dict[str, Any]) -> None:
     """Refuse a state that is not a stoker loader state, or one from another configuration."""
     if not isinstance(state, dict) or "version" not in state:
         raise ValueError("load_state_dict expects a dict made by DataLoader.state_dict() (with a 'version' key)")
     if state["version"] != VERSION:
-        raise ValueError(f"this DataLoader state has version {state['version']!r}; this stoker reads version {VERSION}")
+        raise ValueError(
+            f"this DataLoader state was written in state format version {state['version']!r} (by another "
+            f"stoker); this stoker writes version {VERSION} and reads versions 1 and {VERSION}: it was not applied"
+        )
     saved = state.get("config")
     if not isinstance(saved, dict):
         raise ValueError("this DataLoader state lacks its 'config' (what it was saved over); it was not applied")

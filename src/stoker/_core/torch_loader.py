@@ -60,34 +60,10 @@ class DataLoader(_loader.DataLoader[T_co], _td.DataLoader[T_co]):  # type: ignor
             return _kinds.BatchSampler(sampler, batch_size, drop_last, last_batch=last_batch)
         return _td.BatchSampler(sampler, batch_size, drop_last)
 
-    def state_dict(self) -> dict[str, Any]:
-        """Where this loader is, as `stoker.DataLoader.state_dict` gives it.
-
-        For an IterableDataset that cannot save its position (not Stateful, or its
-        `state_dict()` failed), a state saying so rather than a `TypeError`, since training
-        frameworks save every loader's state with a checkpoint:
-        `{"stream_without_state": type name, "reason": why, ...}`.
-
-        Returns:
-            The state, made of plain JSON values.
-        """
-        # Frameworks save every loader's state with a checkpoint (Lightning asks any loader that
-        # has state_dict and load_state_dict, with no way to opt out): a stream that cannot save
-        # its position gives a state saying so instead of raising, and restarts when it is
-        # loaded, as torch's loader (which has no state) does under them.
-        state, reason = self._state_or_reason()
-        if state is None:
-            return {
-                "version": _loader.STATE_VERSION,
-                "stream_without_state": type(self.dataset).__name__,
-                "reason": reason,
-                "epoch": self._epochs_started,
-            }
-        return state
-
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a `state_dict()` (see `stoker.DataLoader.load_state_dict`). A state
-        of a stream without state restarts that stream, with a `UserWarning` saying why.
+        that an older stoker saved for a stream without state (`stream_without_state`, which
+        stoker now replays instead) restarts that stream, with a `UserWarning` saying why.
 
         Args:
             state: What `state_dict()` returned.
@@ -124,3 +100,14 @@ class DataLoader(_loader.DataLoader[T_co], _td.DataLoader[T_co]):  # type: ignor
     @staticmethod
     def _default_convert() -> Any:
         return default_convert
+
+
+class StatefulDataLoader(DataLoader[T_co]):
+    """torchdata's `StatefulDataLoader`, by its name: `from stoker.torch import
+    StatefulDataLoader` replaces `from torchdata.stateful_dataloader import StatefulDataLoader`.
+
+    It is `stoker.torch.DataLoader` (whose `state_dict()` / `load_state_dict()` and
+    `snapshot_every_n_steps` are torchdata's), under the class name code written for
+    torchdata looks for; the user guide page "Randomness and resume" says what is identical
+    and where stoker differs on purpose. Its arguments are `DataLoader`'s.
+    """

@@ -33,6 +33,7 @@ from .fetch import EndOfStream, IterableFetcher, MapFetcher, make_fetcher
 from .math_threads import limit_worker_pools
 from .parent import ParentWatch
 from .protocol import Done, Exhausted, Failed, ReplicaBatch, Reply, Request, Reset, Stop, Task
+from .replica import Resume
 from .seeding import seed_batch_globals
 from .stats import array_bytes, clock
 
@@ -257,7 +258,8 @@ class WorkerConfig:
     worker_init_fn: Callable[[int], None] | None
     thread: bool  # a thread worker shares the process: no global seeding, thread-local info
     seed_each_batch: bool = False  # seed the global RNGs from (base seed, epoch, batch) per batch
-    replica_resume: tuple[Any, int] | None = None  # iterable replica: saved (state, items drawn)
+    replica_resume: Resume | None = None  # where a resumed replica continues (see replica)
+    snapshot_every: int = 1  # an iterable replica's state is taken every n batches (0: at its end)
     timed: bool = False  # each Done carries the batch's timing (`DataLoader(stats=True)`)
     rank: int = 0  # the training rank's, with world_size and local_rank (see WorkerInfo)
     world_size: int = 1
@@ -266,12 +268,20 @@ class WorkerConfig:
     # sharded by (see datapipes)
     pipe_seed: int | None = None
     pipe_share: tuple[int, int] = (1, 0)
+    # the loader's run seed, which sample_rng()/sample_seed() and seed_each_batch derive from in
+    # every epoch (see RandomSource.run_seed); None: base_seed
+    run_seed: int | None = None
 
     @property
     def seed(self) -> int:
         # torch's base seed + worker id on rank 0; ranks share the base seed (see
         # DistributedSampler(seed=None)), so each rank's workers take the next numbers
         return self.base_seed + self.rank * self.num_workers + self.worker_id
+
+    @property
+    def draw_seed(self) -> int:
+        """The seed per-sample and per-batch draws derive from (with the epoch and the key)."""
+        return self.base_seed if self.run_seed is None else self.run_seed
 
 
 def seed_globals(base_seed: int, worker_id: int, rank: int = 0, num_workers: int = 1) -> None:
@@ -322,11 +332,12 @@ def fetcher_for(config: WorkerConfig) -> MapFetcher | IterableFetcher:
         config.auto_collation,
         config.collate_fn,
         config.drop_last,
-        base_seed=config.base_seed,
+        base_seed=config.draw_seed,
         worker_id=config.worker_id,
         resume=config.replica_resume,
         timed=config.timed,
         rank=config.rank,
+        snapshot_every=config.snapshot_every,
     )
 
 
@@ -376,7 +387,7 @@ def run_worker(
     fetcher = fetcher_for(config)
     # seed_each_batch: a process worker seeds its global RNGs before each batch (thread
     # workers share the process's: the loader refuses that combination)
-    batch_seed = config.base_seed if config.seed_each_batch and not config.thread else None
+    batch_seed = config.draw_seed if config.seed_each_batch and not config.thread else None
     timed = config.timed
     unreported = 0.0  # busy time no Done has carried yet: the last send, failed tasks
     stage = "in worker_init_fn"
@@ -469,8 +480,8 @@ def _serve(
         if batch_seed is not None:
             seed_batch_globals(batch_seed, task.epoch, task.batch, rank)
         return Done(task.task_id, fetcher.fetch(task.index, task.epoch, task.batch))
-    except EndOfStream:
-        return Exhausted(task.task_id)
+    except EndOfStream as end:
+        return Exhausted(task.task_id, end.record)
     except Exception as exc:
         where = f"{label} {describe_index(task.index, iterable)}"
         return Failed(task.task_id, ExceptionInfo(exc, where, keep_object=thread))
