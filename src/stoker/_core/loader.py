@@ -794,7 +794,7 @@ class DataLoader(Generic[T_co]):
         run_seed = _run_seed_of(state)
         kept = self._loaded_replicas(state.get("replicas"))
         if any(state["config"].get(key) != config.get(key) for key in ELASTIC_KEYS):
-            state = make_elastic(state, plan.index_sampler, plan.batch_size)
+            state = make_elastic(state, plan.index_sampler, plan.auto_collation)
         if self._iterator is not None:  # a persistent iterator would go on from its own point
             self._iterator.close()
             self._iterator = None

@@ -448,16 +448,27 @@ def distributed_sampler(index_sampler: Any) -> Any:
     return None
 
 
-def make_elastic(state: dict[str, Any], index_sampler: Any, batch_size: int | None) -> dict[str, Any]:
+def make_elastic(state: dict[str, Any], index_sampler: Any, auto_collation: bool) -> dict[str, Any]:
     """A state saved by a rank of another world (size or rank) made into this rank's: the
-    rest of the saved epoch is what no old rank consumed, split over this world's ranks."""
+    rest of the saved epoch is what no old rank consumed, split over this world's ranks.
+    `auto_collation`: each position is a batch (of the batch sampler's `batch_size`, the
+    loader's own or one the user gave), else one sample."""
     sharded = distributed_sampler(index_sampler)
     config = state["config"]
     if getattr(index_sampler, "last_batch", None) == "rollover":
         raise ValueError("an elastic resume (another world size or rank) cannot carry rollover indices")
     if state.get("delivered_after"):
         raise ValueError("an elastic resume (another world size or rank) needs a state saved with in_order=True")
-    consumed = int(state["position"]) * (batch_size or 1)
+    size = 1
+    if auto_collation:
+        size = getattr(index_sampler, "batch_size", None)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ValueError(
+                f"an elastic resume (another world size or rank) counts the samples the old ranks "
+                f"consumed from their batches, and this loader's batch sampler ({type(index_sampler).__name__}) "
+                "has no batch_size: give it a batch_size attribute (every batch but the last that size)"
+            )
+    consumed = int(state["position"]) * size
     sharded.resume_elastic(consumed, config["num_replicas"], config["total_size"])
     elastic = dict(state, position=0, delivered_after=[], next_origin=None)
     elastic["config"] = dict(config, **{key: getattr(sharded, key) for key in ELASTIC_KEYS})
