@@ -108,6 +108,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/close_times.py
 	$(PY) benchmarks/resume_cost.py
+	$(PY) benchmarks/state_cost.py
 	$(PY) benchmarks/memory.py
 	$(PY) benchmarks/kept_fields.py
 	$(PY) benchmarks/trainer_step.py

@@ -30,6 +30,7 @@ from .._data.rng import RandomSource
 from .._data.samplers import BatchSampler
 from .replica import Kept
 
+END = -1  # the key of a user sampler's state recorded after its epoch's source ended
 VERSION = 2  # 2: replica records (any state, pickled, iterators, replays); 1 is read (see upgrade)
 _END = object()
 
@@ -200,7 +201,9 @@ class Progress:
             position, after = scheduler.position()
             origin = self.origins[epoch]
             recorded = self.user_states.get(epoch, {})
-            if position and position - 1 in recorded:
+            if position and END in recorded and position >= _length(self.index_sampler):
+                origin = dict(origin, user_at=recorded[END])
+            elif position and position - 1 in recorded:
                 origin = dict(origin, user_at=recorded[position - 1])
             return {
                 "epoch": epoch,
@@ -254,6 +257,9 @@ def predraw(index_sampler: Any, seed_source: RandomSource, draws_seed: bool) -> 
     origin = capture_epoch(index_sampler, seed_source, draws_seed=draws_seed)
     indices, base_seed = open_epoch(index_sampler, seed_source, origin, 0, drawn=False)
     next(indices, None)  # a sampler that draws lazily draws at its first index
+    # a sampler told its epoch (set_epoch) is told the next one between the epochs, after this
+    # state is taken: that call, not the state, says which epoch comes
+    origin["sampler"].pop("epoch", None)
     return origin, base_seed
 
 
@@ -293,6 +299,9 @@ def recording(source: Iterator[Any], user: Any, record: dict[int, Any], start: i
         record.pop(number - keep, None)
         number += 1
         yield index
+    # its state once the epoch's source ended (a sampler may update it only then, past its last
+    # index): what a state taken after the last batch restores
+    record[END] = user.state_dict()
 
 
 def _user_sampler(index_sampler: Any) -> Any:
@@ -361,16 +370,41 @@ def open_epoch(
                 if isinstance(index_sampler, BatchSampler):
                     index_sampler._leftover = []  # the carried indices went into batch 0
                 if skip >= _length(index_sampler):
-                    # the epoch was used up: a sampler may already have rewound its state for
-                    # the next epoch (as one that ends its pass does), so draw nothing now
+                    # the epoch was used up: the state is the one its sampler had at the end
+                    # (see recording), so draw nothing now; a sampler whose loaded state still
+                    # has a pass to finish (one that keeps its position until its next
+                    # iteration starts) finishes it, emptily, as the saved run's did
+                    _settle(user, at)
                     return iter(()), (seed_source.seed64() if origin.get("draws_seed") else None)
                 skip = 0
         base_seed = seed_source.seed64() if origin.get("draws_seed") else None
         indices = iter(()) if index_sampler is None else _iter_from(index_sampler, skip)
+        if user is not None and not skip and "user" in sampler_state:
+            indices = _fresh_pass(index_sampler, indices)
     finally:
         for source, state in callers:  # the caller's own global RNG is left as it was
             source.restore(state)
     return indices, base_seed
+
+
+def _settle(user: Any, state: Any) -> None:
+    """Let a user's sampler loaded with its state at an epoch's end finish that pass: one
+    iteration that gives nothing completes it; one that gives an index has begun the next
+    epoch, and the state is loaded again (its own state said where it was)."""
+    if next(iter(user), _END) is not _END:
+        user.load_state_dict(state)
+
+
+def _fresh_pass(index_sampler: Any, indices: Iterator[Any]) -> Iterator[Any]:
+    """An epoch's indices from the start, from a user's sampler loaded with the state it had
+    between epochs: one that keeps its last epoch's position until an iteration ends it
+    (torchdata's `StatefulDistributedSampler`) gives nothing the first time, and its epoch
+    the next."""
+    first = next(indices, _END)
+    if first is _END and _length(index_sampler) > 0:
+        indices = _iter_from(index_sampler, 0)
+        first = next(indices, _END)
+    return iter(()) if first is _END else itertools.chain([first], indices)
 
 
 def _iter_from(index_sampler: Any, skip: int) -> Iterator[Any]:

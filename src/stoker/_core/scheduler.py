@@ -137,6 +137,7 @@ class Scheduler:
         epoch.next_id = epoch.first_id
         epoch.next_number = epoch.prefix = epoch.delivered = start
         epoch.skip = set(skip)
+        epoch.beyond = set(epoch.skip)  # delivered before the resume: a state taken now keeps them
         if self.iterable:
             epoch.active = set(range(self.num_workers))
             self._rr = first_worker % self.num_workers
