@@ -21,7 +21,7 @@ assert_resumes_identically(make_loader, worker_counts=[0, 2])
 
 from __future__ import annotations
 
-import json
+import pickle
 import random
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -88,7 +88,7 @@ def assert_resumes_identically(
     the uninterrupted run did.
 
     Runs `make_loader()` for `epochs` epochs; then, for each interruption point, takes
-    `state_dict()` there (through JSON, as a checkpoint file would hold it), loads it into a
+    `state_dict()` there (through pickle, as `torch.save` would keep it), loads it into a
     fresh loader and asserts that the rest of the run is identical, batch for batch. The
     global RNGs (random, numpy, torch) are put back to their state at the interruption
     before each resume, as a training script's checkpoint does: a generator-less sampler
@@ -118,7 +118,7 @@ def assert_resumes_identically(
             raise ValueError(f"steps: {step} is outside the run's {len(reference)} batches")
         interrupted = make_loader()
         head, calls, partway = _run(interrupted, epochs, stop=step)
-        state = json.loads(json.dumps(interrupted.state_dict()))
+        state = pickle.loads(pickle.dumps(interrupted.state_dict()))
         rngs = _global_rngs()
         del interrupted
         for count in counts:
