@@ -493,7 +493,7 @@ def make_elastic(state: dict[str, Any], index_sampler: Any, auto_collation: bool
         raise ValueError("an elastic resume (another world size or rank) cannot carry rollover indices")
     if state.get("delivered_after"):
         raise ValueError("an elastic resume (another world size or rank) needs a state saved with in_order=True")
-    size = 1
+    size: Any = 1
     if auto_collation:
         size = getattr(index_sampler, "batch_size", None)
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
