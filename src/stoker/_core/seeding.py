@@ -1,8 +1,11 @@
 """Randomness that depends on what is fetched, not on which worker fetches it.
 
-Two mechanisms, both derived with numpy's `SeedSequence` from the iterator's base seed
-(`WorkerConfig.base_seed`, the same for every worker of an iterator), the loader's epoch
-number (`Task.epoch`) and a key, under a constant tag that keeps the kinds apart:
+Two mechanisms, both derived with numpy's `SeedSequence` from the loader's run seed
+(`WorkerConfig.draw_seed`: the base seed of the run's first iterator, the same for every
+worker and every epoch, see `RandomSource.run_seed`), the loader's epoch number
+(`Task.epoch`) and a key, under a constant tag that keeps the kinds apart. Not from each
+iterator's own base seed: a persistent iterator draws one for its life and a fresh iterator
+one per epoch (as torch's do), and the draws must not depend on which delivers an epoch.
 
 - `sample_seed()` / `sample_rng()`, for a dataset's `__getitem__`: the fetcher opens a
   `FetchScope` for each batch, in the fetching thread, and moves it from sample to sample:
@@ -177,12 +180,14 @@ def _scope(name: str) -> FetchScope:
 def sample_seed() -> int:
     """A 64-bit seed (0 <= seed < 2**64) for the sample being fetched.
 
-    Derived from (the iterator's base seed, the epoch, the sample's index): the same sample
-    in the same epoch gets the same seed whichever worker fetches it and whatever
-    `num_workers` is. With `__getitems__`, and in the collate_fn, it is the batch's seed
-    (base seed, epoch, batch position); in an IterableDataset, the item's (base seed, epoch,
-    worker id, number of items the replica drew before it). Calling it again for the same
-    sample returns the same seed.
+    Derived from (the loader's run seed, the epoch, the sample's index): the same sample
+    in the same epoch gets the same seed whichever worker fetches it, whatever
+    `num_workers` is and whether the workers are persistent. The run seed is the base seed
+    of the loader's first iterator (drawn from its `generator`, or the global RNG, as torch
+    draws it), kept for later epochs and in the loader's `state_dict()`. With `__getitems__`,
+    and in the collate_fn, it is the batch's seed (run seed, epoch, batch position); in an
+    IterableDataset, the item's (run seed, epoch, worker id, number of items the replica drew
+    before it). Calling it again for the same sample returns the same seed.
 
     Returns:
         The seed, an int in [0, 2**64).

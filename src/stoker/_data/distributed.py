@@ -180,6 +180,13 @@ class DistributedSampler(Sampler[int]):
 
     def _rest_of_elastic_epoch(self) -> list[int]:
         consumed, old_replicas, old_total = self._elastic  # type: ignore[misc]
+        if (old_replicas, old_total) == (self.num_replicas, self.total_size):
+            # the same world, another rank's state (Lightning saves rank 0's loader state and
+            # every rank loads it): this rank's share as the uninterrupted epoch gives it, from
+            # where every rank was, padded as that epoch pads its tail (with the epoch's first
+            # indices, though an old rank may have read them), not with the rest's
+            share = self._pad(self._order(), self.total_size)[self.rank : self.total_size : self.num_replicas]
+            return share[consumed:]
         # ranks take interleaved indices, so together they took the first consumed x world
         rest = self._order()[min(consumed * old_replicas, old_total) : old_total]
         per_rank = len(rest) // self.num_replicas if self.drop_last else math.ceil(len(rest) / self.num_replicas)
@@ -244,16 +251,6 @@ class RankShareSampler(DistributedSampler):
         if "torch.utils.data" in sys.modules:  # imported by someone: never imported from here
             kind = rank_share_kind(cls)
         return object.__new__(kind)
-
-    def _rest_of_elastic_epoch(self) -> list[int]:
-        consumed, old_replicas, old_total = self._elastic  # type: ignore[misc]
-        if (old_replicas, old_total) == (self.num_replicas, self.total_size):
-            # the same world, another rank's state (Lightning saves rank 0's loader state and
-            # every rank loads it): this rank's share as the uninterrupted epoch gives it, from
-            # where every rank was; its padding too, though an old rank may have read that sample
-            share = self._pad(self._order(), self.total_size)[self.rank : self.total_size : self.num_replicas]
-            return share[consumed:]
-        return super()._rest_of_elastic_epoch()
 
     def __reduce_ex__(self, protocol: Any) -> Any:
         # the torch kind is made at run time: pickled as its plain class and made again,

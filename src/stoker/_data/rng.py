@@ -113,6 +113,11 @@ class RandomSource:
             self._numpy = generator
         elif isinstance(generator, (int, np.integer)):
             self._numpy = np.random.default_rng(int(generator))
+        # A loader's seed source: the base seed of the run's first iterator (or the one a loaded
+        # state names). Per-sample randomness derives from it in every epoch, so it does not
+        # depend on how many base seeds were drawn: one per persistent iterator, one per epoch
+        # otherwise (see _core/seeding). None until that iterator draws; the loader sets it.
+        self.run_seed: int | None = None
 
     def draws(self) -> Draws:
         """Draws from the source itself (no generator: straight from the global RNG)."""
