@@ -284,15 +284,17 @@ class Stream(IterableDataset):
 def test_iterable_items_are_keyed_by_worker_and_items_drawn_and_restart_each_epoch() -> None:
     data = Stream(5)
     fetcher = IterableFetcher(data, True, identity, False, base_seed=9, worker_id=2)
-    first = fetcher.fetch(2, epoch=0, batch=0) + fetcher.fetch(2, epoch=0, batch=3)
+    # each batch comes with its replica's record (how far the stream got): the batch is .batch
+    first = fetcher.fetch(2, epoch=0, batch=0).batch + fetcher.fetch(2, epoch=0, batch=3).batch
     assert first == [(i, seed_of(ITEM, 9, 0, (2, i))) for i in range(4)]
     assert data.at_iter == [seed_of(ITEM, 9, 0, (2,))]
     assert current_scope() is None
     fetcher.reset()
-    again = fetcher.fetch(3, epoch=1, batch=0)
+    again = fetcher.fetch(3, epoch=1, batch=0).batch
     assert again == [(i, seed_of(ITEM, 9, 1, (2, i))) for i in range(3)]
     unbatched = IterableFetcher(Stream(2), False, identity, False, base_seed=9, worker_id=0)
-    assert [unbatched.fetch(None, 0, b) for b in range(2)] == [(i, seed_of(ITEM, 9, 0, (0, i))) for i in range(2)]
+    made = [unbatched.fetch(None, 0, b).batch for b in range(2)]
+    assert made == [(i, seed_of(ITEM, 9, 0, (0, i))) for i in range(2)]
 
 
 # ---------------------------------------------------------------- seed_each_batch in the worker loop

@@ -225,11 +225,19 @@ class Stateful(Protocol):
     drawn (loader's process); on an IterableDataset replica it is read in its worker."""
 
     def state_dict(self) -> dict[str, Any]:
-        """The state, plain JSON."""
+        """The state: any value pickle can hold (stoker hands it back as it was returned).
+
+        Returns:
+            The object's state now.
+        """
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Put back a state `state_dict()` returned."""
+        """Put back a state `state_dict()` returned.
+
+        Args:
+            state: What `state_dict()` returned, equal and of the same types.
+        """
         ...
 
 

@@ -102,12 +102,9 @@ class DataLoader(_loader.DataLoader[T_co], _td.DataLoader[T_co]):  # type: ignor
         return default_convert
 
 
+# torchdata's `StatefulDataLoader`, by its name: `from stoker.torch import StatefulDataLoader`
+# replaces `from torchdata.stateful_dataloader import StatefulDataLoader`. It is this flavour's
+# DataLoader (whose state_dict()/load_state_dict() and snapshot_every_n_steps are torchdata's)
+# under the class name code written for torchdata looks for (docs/reference/torch.md).
 class StatefulDataLoader(DataLoader[T_co]):
-    """torchdata's `StatefulDataLoader`, by its name: `from stoker.torch import
-    StatefulDataLoader` replaces `from torchdata.stateful_dataloader import StatefulDataLoader`.
-
-    It is `stoker.torch.DataLoader` (whose `state_dict()` / `load_state_dict()` and
-    `snapshot_every_n_steps` are torchdata's), under the class name code written for
-    torchdata looks for; the user guide page "Randomness and resume" says what is identical
-    and where stoker differs on purpose. Its arguments are `DataLoader`'s.
-    """
+    __doc__ = _loader.DataLoader.__doc__
