@@ -21,12 +21,20 @@ torch draws when it primes the workers (and applies to the main process's copy);
 epoch of persistent workers draws one shared seed, sent to the workers with the epoch's
 `Reset`. So for the same `torch.manual_seed` (or generator) the items come in torch's order.
 
+A spawn or forkserver worker receives the dataset pickled. A pipe that pickle cannot take
+(one holding a lambda or a local function, as `.map(lambda x: ...)` makes) is then sent
+through `dill` when it is installed, as torch's loader sends it: the worker start-up pickling
+(see sharing) tries pickle first and, when that fails, pickles each DataPipe it meets with
+dill (no shared-memory path then for arrays inside such a pipe). `loader.dataset` stays the
+user's pipe (torch's loader replaces it by a private wrapper that does this pickling).
+
 Nothing here imports torch: a dataset is a DataPipe only if torch's data package is already
 loaded (it defines the class the dataset is an instance of).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from typing import Any
 
@@ -37,6 +45,41 @@ def is_iter_datapipe(dataset: Any) -> bool:
     data = sys.modules.get("torch.utils.data")
     pipe_class = getattr(data, "IterDataPipe", None)
     return pipe_class is not None and isinstance(dataset, pipe_class)
+
+
+def datapipe_classes() -> tuple[type, ...]:
+    """torch's DataPipe base classes (`IterDataPipe`, `MapDataPipe`) when torch's data package
+    is loaded, else ()."""
+    data = sys.modules.get("torch.utils.data")
+    found = (getattr(data, "IterDataPipe", None), getattr(data, "MapDataPipe", None))
+    return tuple(c for c in found if isinstance(c, type))
+
+
+def import_dill() -> Any:
+    """The `dill` module, or None when it is not installed. Importing dill registers its
+    types with the standard library's Python pickler; that is undone, so that nothing else
+    pickles differently."""
+    try:
+        dill = importlib.import_module("dill")  # optional, and untyped
+    except ImportError:
+        return None
+    dill.extend(use_dill=False)
+    return dill
+
+
+def reduce_by_dill(pipe: Any, dill: Any) -> tuple[Any, tuple[bytes]]:
+    """A pickle reduction of `pipe` made by `dill`, which pickles lambdas and local functions
+    by value; it unpickles as the pipe."""
+    return _load_by_dill, (dill.dumps(pipe),)
+
+
+def _load_by_dill(body: bytes) -> Any:
+    dill = import_dill()
+    if dill is None:
+        raise ModuleNotFoundError(
+            "this DataPipe was pickled with dill for a worker process, and dill is not installed in the worker"
+        )
+    return dill.loads(body)
 
 
 def seed_pipe(dataset: Any, shared_seed: int) -> None:

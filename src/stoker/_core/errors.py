@@ -39,13 +39,17 @@ class WorkerError(RuntimeError):
 class WorkerDiedError(RuntimeError):
     """A DataLoader worker process exited or was killed while the loader needed it.
 
-    The loader raises it; each argument is kept as the attribute of the same name.
+    The loader raises it; each argument is kept as the attribute of the same name. It can
+    also be made from its message alone, `WorkerDiedError(str(error))`, as generic code
+    rebuilds an exception (torch's worker-error wrapper, test harnesses); the attributes not
+    given are then None. It pickles with its message and every attribute.
 
     Args:
-        worker_id: The worker's number.
-        pid: The worker's process id, None if it never started.
+        worker_id: The worker's number; or, given as a str, the whole message (then
+            `worker_id` is None).
+        pid: The worker's process id, None if it never started or is not known. Defaults to None.
         exitcode: How it ended: its exit code, negative when killed by signal
-            `-exitcode`, None when it stopped responding.
+            `-exitcode`, None when it stopped responding or is not known. Defaults to None.
         detail: Text appended to the message (what the worker was doing). Defaults to "".
         batch: When the worker owed a batch, its number in the epoch. Defaults to None.
         index: When the worker owed a batch, what it fetched: the sample indices of
@@ -54,20 +58,26 @@ class WorkerDiedError(RuntimeError):
 
     def __init__(
         self,
-        worker_id: int,
-        pid: int | None,
-        exitcode: int | None,
+        worker_id: int | str,
+        pid: int | None = None,
+        exitcode: int | None = None,
         detail: str = "",
         *,
         batch: int | None = None,
         index: Any = None,
     ) -> None:
-        self.worker_id = worker_id
+        # pickle rebuilds an exception as type(e)(*e.args), then restores its attributes
+        if isinstance(worker_id, str):
+            message = worker_id + detail
+            self.worker_id: int | None = None
+        else:
+            message = f"DataLoader worker {worker_id} (pid {pid}) {describe_exit(exitcode)}{detail}"
+            self.worker_id = worker_id
         self.pid = pid
         self.exitcode = exitcode
         self.batch = batch
         self.index = index
-        super().__init__(f"DataLoader worker {worker_id} (pid {pid}) {describe_exit(exitcode)}{detail}")
+        super().__init__(message)
 
 
 class WorkerRestartWarning(RuntimeWarning):
@@ -214,3 +224,17 @@ class UnshardedWarning(UserWarning):
     Warned at a loader's first `iter()`; give it a `DistributedSampler` (or shard an
     IterableDataset with `shard_for`) to read each sample once across ranks.
     """
+
+
+class ReplicaUnsaved(Exception):
+    """A replica's state could not be taken (its `state_dict()` raised, `kind="raised"`, or
+    returned what pickle cannot hold, `kind="pickle"`): internal, `DataLoader.state_dict()`
+    words it for the user, naming the dataset and `worker`. The message is the reason."""
+
+    def __init__(self, reason: str, worker: int = 0, kind: str = "raised") -> None:
+        super().__init__(reason)
+        self.worker = worker
+        self.kind = kind
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return type(self), (str(self), self.worker, self.kind)

@@ -33,7 +33,7 @@ from .._data.samplers import (
 )
 from .arena import Arena, arena_limit
 from .auto import Auto, AutoStart, Choice, choose, start_workers
-from .errors import UnshardedWarning
+from .errors import ReplicaUnsaved, UnshardedWarning
 from .forkserver import prepare_forkserver
 from .hostpin import BORN
 from .iterator import LoaderIterator
@@ -56,7 +56,6 @@ from .replica import Kept
 from .resume import (
     ELASTIC_KEYS,
     Progress,
-    ReplicaUnsaved,
     is_stateful,
     make_elastic,
     predraw,
@@ -696,7 +695,7 @@ class DataLoader(Generic[T_co]):
             error = TypeError if unsaved.kind == "pickle" else RuntimeError
             raise error(
                 f"DataLoader.state_dict() cannot save the state of {type(self.dataset).__name__} {where}: "
-                f"{unsaved.reason}. A dataset's (or its iterator's) state_dict() must return a value "
+                f"{unsaved}. A dataset's (or its iterator's) state_dict() must return a value "
                 "that pickle can hold; stoker keeps it as returned"
             ) from None
 
@@ -745,7 +744,7 @@ class DataLoader(Generic[T_co]):
             return None
         for worker, k in enumerate(kept):
             if k is not None and k.unsaved is not None:
-                raise ReplicaUnsaved(worker, k.unsaved.reason, k.unsaved.kind)
+                raise ReplicaUnsaved(k.unsaved.reason, worker, k.unsaved.kind)
         return {
             "num_workers": int(self.num_workers),
             "records": [None if k is None else k.saved() for k in kept],

@@ -28,6 +28,7 @@ from .._base.hooks import DescribesStream, KeepsEpoch, ResumableSampler, SetsEpo
 from .._data.identity import describe_data, prefixed
 from .._data.rng import RandomSource
 from .._data.samplers import BatchSampler
+from .errors import ReplicaUnsaved
 from .replica import Kept
 
 END = -1  # the key of a user sampler's state recorded after its epoch's source ended
@@ -149,7 +150,7 @@ class Progress:
             kept = [k.carried() if k is not None and self.carries else None for k in kept]
         for worker, k in enumerate(kept):
             if k is not None and k.unsaved is not None:
-                raise ReplicaUnsaved(worker, k.unsaved.reason, k.unsaved.kind)
+                raise ReplicaUnsaved(k.unsaved.reason, worker, k.unsaved.kind)
         next_worker = 0 if next_epoch or self.last_worker is None else (self.last_worker + 1) % count
         return {
             "num_workers": self.num_workers,
@@ -240,14 +241,6 @@ class Progress:
                 "replicas": self._replica_part(next_epoch=True),
             }
         return None
-
-
-class ReplicaUnsaved(Exception):
-    """A replica's state could not be taken: `DataLoader.state_dict()` words it."""
-
-    def __init__(self, worker: int, reason: str, kind: str) -> None:
-        super().__init__(worker, reason, kind)
-        self.worker, self.reason, self.kind = worker, reason, kind
 
 
 def predraw(index_sampler: Any, seed_source: RandomSource, draws_seed: bool) -> tuple[dict[str, Any], int | None]:

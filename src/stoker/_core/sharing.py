@@ -8,6 +8,9 @@ shared-memory copy made once in the main process, whatever the number of workers
 worker maps that copy privately (copy-on-write: writes stay in the worker, as with a
 pickled copy) and closes the descriptor; the main process closes its descriptors once the
 workers have started. Nothing has a name, so nothing outlives the processes.
+
+When pickle cannot take the object and it holds a torch DataPipe, a second try pickles
+each DataPipe with `dill` (see datapipes), as torch's loader sends a pipe to its workers.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .arena import _as_array, map_fd
+from .datapipes import datapipe_classes, import_dill, reduce_by_dill
 
 SHARE_MIN_BYTES = 1 << 20
 
@@ -37,6 +41,22 @@ class _SharingPickler(reduction.ForkingPickler):
         index = self.packed.share(*found)
         self.used.append(index)
         return index
+
+
+class _PipesByDill(_SharingPickler):
+    """The second try's pickler: every torch DataPipe it meets is pickled by dill."""
+
+    def __init__(self, stream: io.BytesIO, packed: Packed, pipes: tuple[type, ...], dill: Any) -> None:
+        super().__init__(stream, packed)
+        self.pipes = pipes
+        self.dill = dill
+        self.dilled = 0
+
+    def reducer_override(self, obj: Any) -> Any:
+        if not isinstance(obj, self.pipes):
+            return NotImplemented
+        self.dilled += 1
+        return reduce_by_dill(obj, self.dill)
 
 
 class Packed:
@@ -72,13 +92,32 @@ class Packed:
 
     def __reduce__(self) -> Any:
         stream = io.BytesIO()
-        pickler = _SharingPickler(stream, self)
-        pickler.dump(self.obj)
+        try:
+            _SharingPickler(stream, self).dump(self.obj)
+        except Exception as exc:
+            stream = self._pipes_by_dill(exc)
         shared = []
         for key in self._order:
             _, fd, size, dtype, shape, is_torch = self._shared[key]
             shared.append((reduction.DupFd(fd), size, dtype, shape, is_torch))
         return _unpack, (stream.getvalue(), shared)
+
+    def _pipes_by_dill(self, failure: Exception) -> io.BytesIO:
+        """The object pickled with its DataPipes through dill, after plain pickling failed with
+        `failure`; `failure` is raised again when there is no DataPipe, no dill, or dill fails."""
+        pipes = datapipe_classes()
+        dill = import_dill() if pipes else None
+        if dill is None:
+            raise failure
+        stream = io.BytesIO()
+        pickler = _PipesByDill(stream, self, pipes, dill)
+        try:
+            pickler.dump(self.obj)
+        except Exception:
+            raise failure from None
+        if not pickler.dilled:
+            raise failure
+        return stream
 
     def close(self) -> None:
         """Close the main process's descriptors (the workers hold their own)."""

@@ -181,7 +181,25 @@ def collate_int(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = N
     return _tensor_from(batch)
 
 
+def _unstackable(elem: Any) -> str | None:
+    """What kind of tensor torch's `default_collate` refuses `elem` as ("nested", "sparse"), or
+    None for a tensor it stacks."""
+    import torch
+
+    if elem.is_nested:
+        return "nested"
+    if elem.layout in (torch.sparse_coo, torch.sparse_csr, torch.sparse_bsr, torch.sparse_csc, torch.sparse_bsc):
+        return "sparse"
+    return None
+
+
 def _collate_tensor(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
+    kind = _unstackable(batch[0])
+    if kind is not None:  # torch's own error, type and words, for code that matches them
+        raise RuntimeError(
+            f"Batches of {kind} tensors are not currently supported by the default collate_fn; "
+            "please provide a custom collate_fn to handle them appropriately."
+        )
     return _checked_stack(batch)
 
 
@@ -256,7 +274,8 @@ def default_collate(batch: Sequence[Any]) -> Any:
     Raises:
         TypeError: when a sample holds a type torch does not collate.
         RuntimeError: when samples are ragged (tensors of different shapes, sequences
-            of different lengths); the message names the path inside the sample.
+            of different lengths); the message names the path inside the sample. Also,
+            with torch's own message, when the first sample's tensor is nested or sparse.
     """
     if _deferring and "torch" not in sys.modules:
         return collate(batch, collate_fn_map=_torch_free_map)

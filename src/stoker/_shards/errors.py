@@ -47,17 +47,35 @@ class _AtURL(OSError):
         self.url = url
         self.reason = reason
 
-    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+    def __reduce__(self) -> tuple[Any, tuple[str, ...]]:
         return type(self), (self.url, self.reason)
 
 
 class StoreError(_AtURL):
     """A request to the store failed after its retries; the message names the URL.
 
+    It can also be made from its message alone, `StoreError(str(error))`, as generic code
+    rebuilds an exception (torch's worker-error wrapper): then `url` is "" and `reason` is
+    the message.
+
     Args:
-        url: The object's (or prefix's) URL.
-        reason: What went wrong, last cause included.
+        url: The object's (or prefix's) URL; or, without `reason`, the whole message.
+        reason: What went wrong, last cause included; None when `url` is the whole
+            message. Defaults to None.
     """
+
+    def __init__(self, url: str, reason: str | None = None) -> None:
+        if reason is None:
+            OSError.__init__(self, url)
+            self.url = ""
+            self.reason = url
+        else:
+            super().__init__(url, reason)
+
+    def __reduce__(self) -> tuple[Any, tuple[str, ...]]:
+        if not self.url:  # made from a whole message
+            return type(self), (self.reason,)
+        return super().__reduce__()
 
 
 class MissingObjectError(_AtURL, FileNotFoundError):
@@ -92,12 +110,18 @@ class Relayed(Exception):
     """An exception raised by the client of the process that made this one's request (see
     `relay`), as `classify` judged it there.
 
+    Made from its message alone (`Relayed(str(error))`, as generic code rebuilds an
+    exception), it is "fatal": nothing says that another attempt could help.
+
     Args:
-        kind: "missing", "denied", "transient" or "fatal".
-        text: The original exception's type and message.
+        kind: "missing", "denied", "transient" or "fatal"; or, without `text`, the message.
+        text: The original exception's type and message; None when `kind` is the message.
+            Defaults to None.
     """
 
-    def __init__(self, kind: str, text: str) -> None:
+    def __init__(self, kind: str, text: str | None = None) -> None:
+        if text is None:
+            kind, text = "fatal", kind
         super().__init__(text)
         self.kind = kind
 
