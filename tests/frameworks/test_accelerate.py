@@ -246,12 +246,12 @@ class Stream(stoker.torch.IterableDataset):
 
 accelerator = Accelerator(cpu=True)
 
-# a stream whose position cannot be saved: stoker runs it, and its state says that it restarts
-# (as torch's loader, which has none, does) instead of failing at every batch
+# a stream that keeps no position: stoker runs it, and its state is a replay of each worker's
+# stream (as torchdata's), saved like any other
 stream = accelerator.prepare(stoker.torch.DataLoader(Stream(), batch_size=4, num_workers=1))
 assert type(stream.base_dataloader) is stoker.torch.DataLoader
 assert [b.tolist() for b in stream] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
-assert stream.state_dict()["stream_without_state"] == "Stream"
+assert stream.state_dict()["replicas"]["records"] == [None]  # its next epoch: new workers, afresh
 
 # accelerator.save_state / load_state carry the loader's position (each run its own Accelerator)
 def prepared():

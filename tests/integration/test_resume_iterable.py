@@ -99,4 +99,3 @@ def test_an_iterable_without_state_is_replayed_to_where_each_worker_was(engine: 
     state = loader.state_dict()
     with pytest.warns(UserWarning, match="Plain by replaying the 2 item"):
         make_loader().load_state_dict(state)
-

@@ -180,7 +180,9 @@ def test_a_stream_without_state_is_replayed_to_where_it_was() -> None:
     iterator = iter(loader)
     head = [next(iterator).tolist() for _ in range(2)]
     state = loader.state_dict()
-    assert state["replicas"]["records"] == [{"dataset": None, "iterator": None, "replay": 4, "drawn": 4, "ended": False}]
+    assert state["replicas"]["records"] == [
+        {"dataset": None, "iterator": None, "replay": 4, "drawn": 4, "ended": False}
+    ]
     again = stoker.DataLoader(Stream(), batch_size=2)
     with pytest.warns(UserWarning, match=r"replaying the 4 item\(s\) its replicas had drawn"):
         again.load_state_dict(state)

@@ -39,7 +39,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from multiprocessing import connection
 from multiprocessing.context import BaseContext
@@ -201,6 +201,12 @@ class SerialEngine(_NoRestart):
         self._draw_seed = config.draw_seed
         self._seed_each_batch = config.seed_each_batch
         self._queue: deque[Request] = deque()
+
+    def go_live(self) -> Callable[[], Any]:
+        """The replica's state is taken when the loader's is, not with each batch (nothing is
+        fetched ahead of the consumer here); returns what takes it (see fetch's `snapshot_now`)."""
+        self._fetcher.live = True
+        return self._fetcher.snapshot_now
 
     def start(self) -> None:
         """Nothing to start: tasks run in the caller's thread."""

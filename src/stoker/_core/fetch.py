@@ -88,6 +88,9 @@ class MapFetcher:
         # without the indices of the batches before it, so no batch goes without a snapshot
         self.stateful = is_stateful(dataset)
         self._resume = resume if self.stateful else None  # its state, to load before the first fetch
+        # the loader's own dataset (num_workers=0): nothing is fetched ahead of the consumer, so
+        # its state is asked for when the loader's state is (`snapshot_now`), not per batch
+        self.live = False
 
     def reset(self) -> None:
         """A new epoch; map-style fetching keeps no state of its own."""
@@ -106,7 +109,14 @@ class MapFetcher:
             resume, self._resume = self._resume, None
             if resume.dataset is not None:
                 self.dataset.load_state_dict(resume.dataset_state())
-        return ReplicaBatch(self._fetch(index, epoch, batch), take(self.dataset, None, 0))
+        made = self._fetch(index, epoch, batch)
+        return ReplicaBatch(made, Record(False) if self.live else take(self.dataset, None, 0))
+
+    def snapshot_now(self) -> Record | None:
+        """The dataset's state now, as a record (`live` replicas), or None without a state."""
+        if not self.stateful or self._resume is not None:
+            return None
+        return take(self.dataset, None, 0)
 
     def _fetch(self, index: Any, epoch: int, batch: int) -> Any:
         batch = batch_key(batch, self.rank)
@@ -189,6 +199,9 @@ class IterableFetcher:
         self._snapshot_every = snapshot_every
         self._batches = 0  # batches made this epoch: every `snapshot_every`-th takes a snapshot
         self._resume = resume  # where a resumed replica continues, put back before its first fetch
+        # the loader's own dataset (num_workers=0): nothing is drawn ahead of the consumer, so
+        # its state is asked for when the loader's state is (`snapshot_now`), not per batch
+        self.live = False
 
     @property
     def stateful(self) -> bool:
@@ -231,9 +244,17 @@ class IterableFetcher:
         if self._ended:  # the stream ended inside this batch: its state now is its end's
             return ReplicaBatch(made, self._end_record())
         every = self._snapshot_every
-        if self.stateful and every and self._batches % every == 0:
+        if self.stateful and every and not self.live and self._batches % every == 0:
             return ReplicaBatch(made, take(self._stateful_dataset, self._stateful_iter, self._drawn))
         return ReplicaBatch(made, Record(False, drawn=self._drawn))
+
+    def snapshot_now(self) -> Record | None:
+        """The replica's state now, as a record (`live` replicas); None when there is nothing
+        newer than what the loader keeps: no state, its epoch not begun or ended, or a resume
+        not yet put back."""
+        if not self.stateful or self._iterator is None or self._ended or self._resume is not None:
+            return None
+        return take(self._stateful_dataset, self._stateful_iter, self._drawn)
 
     def _end_record(self) -> Record | None:
         """The state at the stream's end, once per epoch (always taken, as torchdata does)."""

@@ -45,7 +45,7 @@ from . import forksafe, hostpin
 from .ahead import MOST_AHEAD, drawing_ahead
 from .auto import Head
 from .datapipes import agreed_seed, distributed_share, is_iter_datapipe, seed_group, seed_pipe
-from .engines import Death, Engine, ProcessEngine, make_engine
+from .engines import Death, Engine, ProcessEngine, SerialEngine, make_engine
 from .errors import ExceptionInfo, WorkerDiedError, WorkerRestartWarning, describe_index
 from .pin import PinThread, device_setup, pin_function
 from .plan import LoadPlan
@@ -118,6 +118,8 @@ class LoaderIterator(Generic[T]):
         self._in_place: set[int] = set()  # tasks born pinned, not handed to it
         self._head = Head(plan.auto) if plan.auto is not None else None
         self._engine: Engine = make_engine(plan, self._base_seed, self._pipe_seed, pipe_share, run_seed=self._run_seed)
+        if isinstance(self._engine, SerialEngine) and plan.auto is None:  # the loader's own dataset
+            self._progress.live = self._engine.go_live()
         # one Recorder for the iterator's life, counting each epoch afresh (see _begin_stats)
         self._recorder = (
             Recorder(plan.first_epoch, plan.num_workers, plan.prefetch_factor, plan.threads, [], plan.choice)

@@ -16,6 +16,7 @@ import os
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Sequence
+from types import SimpleNamespace
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from .._base.checks import check_int
@@ -56,6 +57,8 @@ from .replica import Kept
 from .resume import (
     ELASTIC_KEYS,
     Progress,
+    capture_epoch,
+    distributed_sampler,
     is_stateful,
     make_elastic,
     predraw,
@@ -406,6 +409,7 @@ class DataLoader(Generic[T_co]):
         self._resume: dict[str, Any] | None = None  # a loaded state, for the next iter()
         self._resume_replicas: list[Kept | None] = []  # its replicas' places (see replica)
         self._resume_restore = False  # its replicas are put back (a load), or are where they are (a state of our own)
+        self._description: tuple[Any, dict[str, Any]] | None = None  # see _described
         self._last_iterator: weakref.ref[LoaderIterator[Any]] | None = None  # for stats()
         self._last_recorder: Recorder | None = None  # kept when that iterator is dropped
 
@@ -689,7 +693,8 @@ class DataLoader(Generic[T_co]):
         """
         try:
             # with the seed the run's per-sample draws derive from (see RandomSource.run_seed)
-            return dict(self._state(), sample_seed=self._plan().seed_source.run_seed)
+            view = self._resume_view()
+            return dict(self._state(view), sample_seed=view.seed_source.run_seed)
         except ReplicaUnsaved as unsaved:
             where = "in this process (num_workers=0)" if self.num_workers == 0 else f"in worker {unsaved.worker}"
             error = TypeError if unsaved.kind == "pickle" else RuntimeError
@@ -699,12 +704,47 @@ class DataLoader(Generic[T_co]):
                 "that pickle can hold; stoker keeps it as returned"
             ) from None
 
-    def _state(self) -> dict[str, Any]:
+    def _first_state(self) -> dict[str, Any]:
+        """A state as `state_dict()` gives it, except that between epochs it makes no draws
+        (the next epoch draws at its `iter()`, from the RNGs as they are then): for a framework
+        that keeps a loader's state from the moment it wraps it (accelerate), where the user
+        asked for none and the global RNG must move on as it does without stoker."""
+        view = self._resume_view()
+        return dict(self._state(view, fix=False), sample_seed=view.seed_source.run_seed)
+
+    def _resume_view(self) -> SimpleNamespace:
+        """What a state describes and draws from, read without building a whole plan (a
+        `state_dict()` per step stays cheap): the fields `resume.describe` reads, and the seed
+        source."""
+        if self._seed_source is None or self._seed_source.generator is not self.generator:
+            self._seed_source = RandomSource(self.generator, self._flavour)
+        return SimpleNamespace(
+            dataset=self.dataset,
+            dataset_kind="iterable" if self._iterable else "map",
+            index_sampler=native_index_sampler(self._index_sampler),
+            batch_size=self.batch_size,
+            drop_last=self.drop_last,
+            seed_source=self._seed_source,
+        )
+
+    def _state(self, plan: SimpleNamespace, fix: bool = True) -> dict[str, Any]:
         if self._resume is not None:  # loaded (or fixed) and not iterated yet: still that point
             return self._with_records(self._resume, self._resume_replicas)
-        plan = self._plan()
-        point = self._latest.point() if self._latest is not None else None
-        if point is None or not point.get("drawn", True):
+        point = self._latest.point(fix=fix) if self._latest is not None else None
+        if (point is None or not point.get("drawn", True)) and not fix:
+            # between epochs, nothing drawn: the next epoch draws at its iter() (see _first_state)
+            origin = capture_epoch(None if self._iterable else plan.index_sampler, plan.seed_source, draws_seed=True)
+            point = {
+                "epoch": self._epochs_started,
+                "position": 0,
+                "delivered_after": [],
+                "drawn": False,
+                "origin": origin,
+                "base_seed": None,
+                "next_origin": None,
+                "replicas": self._replica_part(self._carried(), 0),
+            }
+        elif point is None or not point.get("drawn", True):
             # no epoch under way: the next one's draws are made now and kept for its iter()
             origin, base_seed = predraw(
                 None if self._iterable else plan.index_sampler, plan.seed_source, draws_seed=True
@@ -720,11 +760,34 @@ class DataLoader(Generic[T_co]):
                 "next_origin": None,
                 "replicas": self._replica_part(carried, 0),
             }
-            self._resume = {"version": STATE_VERSION, "config": describe_resume(plan), **point, "replicas": None}
+            self._resume = {"version": STATE_VERSION, "config": self._described(plan), **point, "replicas": None}
             self._resume["replicas"] = None if point["replicas"] is None else dict(point["replicas"], records=[])
             self._resume_replicas, self._resume_restore = carried, False
             return self._with_records(self._resume, carried)
-        return {"version": STATE_VERSION, "config": describe_resume(plan), **point}
+        return {"version": STATE_VERSION, "config": self._described(plan), **point}
+
+    def _described(self, plan: Any) -> dict[str, Any]:
+        """`resume.describe(plan)`, kept while what it reads stays the same: the index
+        sampler, the dataset's length and a DistributedSampler's share (the rest is fixed at
+        construction), so that a state taken every step does not describe the stream anew."""
+        sharded = distributed_sampler(plan.index_sampler)
+        key = (
+            id(self._index_sampler),
+            len(plan.dataset) if plan.dataset_kind == "map" else None,
+            None
+            if sharded is None
+            else (
+                sharded.num_replicas,
+                sharded.rank,
+                sharded.total_size,
+                sharded.seed,
+                sharded.shuffle,
+                sharded.drop_last,
+            ),
+        )
+        if self._description is None or self._description[0] != key:
+            self._description = (key, describe_resume(plan))
+        return dict(self._description[1])
 
     def _carried(self) -> list[Kept | None]:
         """The replicas' places at the start of a new iterator's first epoch: where the last
@@ -827,12 +890,13 @@ class DataLoader(Generic[T_co]):
                 "dataset that keeps a state resumes only with the same number of workers, each "
                 "replica in its own worker's place"
             )
-        replayed = sum(k.drawn - k.drawn_at for k in kept if k is not None and k.dataset is None and k.iterator is None)
-        if replayed:
+        replayed = sum(k.drawn - k.drawn_at for k in kept if k is not None)
+        if replayed and self._iterable and not is_stateful(self.dataset):
             warnings.warn(
                 f"resuming {type(self.dataset).__name__} by replaying the {replayed} item(s) its replicas had "
-                "drawn: it keeps no state (no state_dict()/load_state_dict(state)), so each worker draws "
-                "its stream again up to where it was, without collating (the time grows with the position)",
+                "drawn since their last saved state (a dataset without state_dict()/load_state_dict(state) "
+                "has none): each worker draws its stream again up to where it was, without collating (the "
+                "time grows with the position)",
                 UserWarning,
                 stacklevel=3,
             )

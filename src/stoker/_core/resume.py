@@ -95,6 +95,7 @@ class Progress:
     replicas: dict[int, Kept] = field(default_factory=dict)
     stateful_map: bool = False  # a map-style dataset that keeps a state: its replicas' states are saved
     carries: bool = False  # the replicas go on into the next epoch (persistent workers, or in-process)
+    live: Any = None  # num_workers=0: takes the loader's own dataset's state now (a Record, or None)
     last_worker: int | None = None  # iterable: the worker whose batch was delivered last
     frozen: dict[str, Any] | None = None  # the point when the iterator stopped
     frozen_error: ReplicaUnsaved | None = None  # why that point has no state
@@ -105,12 +106,17 @@ class Progress:
         batches that had arrived and were never handed out). Draws nothing: a state taken
         later fixes the next epoch's draws itself (see the loader)."""
         if not self.stopped:
+            if self.live is not None:  # the loader's own dataset: its state as the iterator leaves it
+                now = self.live()
+                if now is not None:
+                    self.replicas[0] = self.replicas.get(0, Kept()).after(now)
             try:
                 self.frozen = self.point(fix=False)
             except ReplicaUnsaved as unsaved:
                 self.frozen_error = unsaved
             self.stopped = True
             self.scheduler = None
+            self.live = None
 
     pending: tuple[int, dict[str, Any]] | None = None  # a resumed state's next epoch, already drawn
 
@@ -146,6 +152,9 @@ class Progress:
             return None
         count = max(self.num_workers, 1)
         kept: list[Kept | None] = [self.replicas.get(w) for w in range(count)]
+        now = self.live() if self.live is not None and not next_epoch else None
+        if now is not None:
+            kept[0] = (kept[0] or Kept()).after(now)
         if next_epoch:
             kept = [k.carried() if k is not None and self.carries else None for k in kept]
         for worker, k in enumerate(kept):
@@ -248,6 +257,13 @@ def predraw(index_sampler: Any, seed_source: RandomSource, draws_seed: bool) -> 
     the base seed drawn with it. The random streams move on as that epoch's start would move
     them; the epoch itself then replays the origin."""
     origin = capture_epoch(index_sampler, seed_source, draws_seed=draws_seed)
+    if index_sampler is None or not follows(index_sampler, ResumableSampler):
+        # an iterable's epoch draws only its base seed; a user's sampler may draw from a
+        # generator of its own, which no state here could give back: it draws at iter(), as
+        # it always does (its order is then the one the resumed run replays too)
+        base_seed = seed_source.seed64() if draws_seed else None
+        origin["sampler"].pop("epoch", None)
+        return origin, base_seed
     indices, base_seed = open_epoch(index_sampler, seed_source, origin, 0, drawn=False)
     next(indices, None)  # a sampler that draws lazily draws at its first index
     # a sampler told its epoch (set_epoch) is told the next one between the epochs, after this

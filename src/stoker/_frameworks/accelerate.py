@@ -18,6 +18,11 @@ shards whatever it gets: `keep_share` makes that shard a pass-through, so each r
 share exactly as without accelerate; where accelerate splits batches across ranks itself
 (`split_batches`, `dispatch_batches`) it cannot, and every rank warns naming the setting.
 
+With `DataLoaderConfiguration(use_stateful_dataloader=True)` accelerate builds torchdata's
+`StatefulDataLoader` instead of torch's; a stoker loader then becomes stoker's
+`StatefulDataLoader` (torchdata's `snapshot_every_n_steps` kept), so the wrapper's per-batch
+`state_dict()`, `save_state` and `load_state` go through stoker, as they do in the plain case.
+
 Everything accelerate does around the loader stays accelerate's: the shard, device placement,
 `GradientState` (`sync_gradients` at the end of each epoch, `gather_for_metrics` dropping the
 padding), `skip_first_batches`, and the per-batch `state_dict()` its wrapper keeps (stoker's
@@ -52,10 +57,19 @@ _PASSTHROUGH = "_stoker_passthrough"  # marks a BatchSamplerShard keep_share ope
 
 
 # --------------------------------------------------------------------- the rebuild
-def _stoker_loader_class() -> Any:
-    from .._core.torch_loader import DataLoader
+def _stoker_loader_class(stateful: bool = False) -> Any:
+    """stoker.torch's DataLoader, or its StatefulDataLoader for a loader accelerate built as
+    torchdata's (`stateful`)."""
+    from .._core.torch_loader import DataLoader, StatefulDataLoader
 
-    return DataLoader
+    return StatefulDataLoader if stateful else DataLoader
+
+
+def _torchdata_loader(loader: Any) -> bool:
+    """Whether `loader` is exactly torchdata's StatefulDataLoader (what accelerate builds with
+    `use_stateful_dataloader=True`); torchdata is never imported here."""
+    module = sys.modules.get("torchdata.stateful_dataloader")
+    return module is not None and type(loader) is getattr(module, "StatefulDataLoader", None)
 
 
 def options_of(loader: Any) -> dict[str, Any]:
@@ -71,7 +85,7 @@ def options_of(loader: Any) -> dict[str, Any]:
 
 def rebuild(made: Any, options: dict[str, Any]) -> Any:
     """A stoker DataLoader with the arguments accelerate gave the torch DataLoader `made`,
-    plus stoker's `options`."""
+    plus stoker's `options`; stoker's StatefulDataLoader where `made` is torchdata's."""
     import torch.utils.data as tud
 
     from .._data import torch_collate
@@ -96,6 +110,9 @@ def rebuild(made: Any, options: dict[str, Any]) -> Any:
     }
     if made.num_workers > 0:
         kwargs["prefetch_factor"] = made.prefetch_factor
+    stateful = _torchdata_loader(made)
+    if stateful:
+        kwargs["snapshot_every_n_steps"] = made.snapshot_every_n_steps
     if isinstance(made.dataset, tud.IterableDataset):
         kwargs.update(batch_size=made.batch_size, drop_last=made.drop_last)
     elif made.batch_sampler is not None:
@@ -108,7 +125,7 @@ def rebuild(made: Any, options: dict[str, Any]) -> Any:
             kwargs.update(batch_sampler=opened)
     else:  # a sampler that yields whole batches (batch_size=None)
         kwargs.update(sampler=_opened(made.sampler), batch_size=None)
-    return _stoker_loader_class()(**kwargs, **options)
+    return _stoker_loader_class(stateful)(**kwargs, **options)
 
 
 def _opened(batch_sampler: Any) -> Any:
@@ -199,15 +216,16 @@ def keep_stoker(prepared: Any, options: dict[str, Any]) -> Any:
         if type(prepared) is tud.DataLoader:  # skip_first_batches of an unprepared loader
             return _rebuilt_or(prepared, prepared, options)
         return prepared  # not a wrapper this module knows (an XLA one, say): accelerate's
-    if type(base) is not tud.DataLoader:  # already stoker's, or torchdata's StatefulDataLoader
-        return prepared
+    if type(base) is not tud.DataLoader and not _torchdata_loader(base):
+        return prepared  # already stoker's, or a loader this module does not know
     new = _rebuilt_or(base, None, options)
     if new is None:
         return prepared
     prepared.base_dataloader = new
     try:
-        # what the wrapper's state_dict() gives until its first batch; it refreshes it per batch
-        prepared.dl_state_dict = new.state_dict()
+        # what the wrapper's state_dict() gives until its first batch (it refreshes it per
+        # batch): taken without drawing the next epoch, which the user did not ask for here
+        prepared.dl_state_dict = new._first_state()
     except TypeError:
         # a stream that cannot save its position: no state, as with torch's loader (the
         # wrapper would otherwise ask for it at every batch, and fail)
