@@ -26,7 +26,7 @@ def test_a_shard_in_parallel_parts_reads_back_whole(
     written = samples()
     index = write_shards(written, s3_url, shard_bytes=1 << 30, workers=1)  # one shard, ~2 MB
     (shard,) = index.shards
-    proxy = fault_proxy(seed=3, **faults)
+    proxy = fault_proxy(seed=1, **faults)  # a seed whose draws fault some of the parts
     data = ShardedDataset(
         s3_url,
         cache_dir=str(tmp_path / "cache"),

@@ -9,9 +9,9 @@ stores show and moto does not: a delay before each response's first byte and a b
 per connection; and, for fault tests, a fraction of requests answered 500 or 503 SlowDown,
 connections reset in the middle of a body, requests that are never answered, and 403/404
 for keys under a prefix. Which request gets which fault is decided from the seed, the request
-(method, target, range) and how many times that same request was seen before, so a run is
-repeatable whatever the order threads send in. It streams bodies through in chunks (nothing
-is held whole) and keeps connections alive.
+(method, target within its bucket, range) and how many times that same request was seen
+before, so a run is repeatable whatever the order threads send in and whichever bucket it
+uses. It streams bodies through in chunks (nothing is held whole) and keeps connections alive.
 
 Used by tests/shards (the `s3_server`, `s3_url` and `fault_proxy` fixtures) and by the
 benchmark harness (the streaming benchmark, the cache sweep), which borrows it from here.
@@ -554,7 +554,9 @@ class FaultProxy:
 
     def _outcome(self, method: str, path: str, range_: str) -> str:
         name = urllib.parse.unquote(path).lstrip("/")
-        key = (method, path, range_)
+        # the key within its bucket: the same faults whichever bucket a test was given (the
+        # fixtures number buckets per process, so a test's bucket depends on the tests before it)
+        key = (method, name.split("/", 1)[1] if "/" in name else name, range_)
         with self._lock:
             self.requests += 1
             nth = self._seen[key]

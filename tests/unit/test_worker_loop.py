@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from stoker._core.errors import ExceptionInfo, WorkerError
-from stoker._core.protocol import Done, Exhausted, Failed, Reset, Stop, Task
+from stoker._core.protocol import Done, Exhausted, Failed, ReplicaBatch, Reset, Stop, Task
 from stoker._core.worker import WorkerConfig, get_worker_info, run_worker
 
 
@@ -96,17 +96,42 @@ class Stream:
         return iter(range(self.n))
 
 
+def _plain(replies):
+    """(kind, task, batch) of each reply: an iterable replica's batch comes with its record
+    (see replica), checked apart."""
+    out = []
+    for reply in replies:
+        if isinstance(reply, Done):
+            assert isinstance(reply.payload, ReplicaBatch)
+            out.append(("done", reply.task_id, reply.payload.batch))
+        else:
+            assert isinstance(reply, Exhausted)
+            out.append(("end", reply.task_id, None))
+    return out
+
+
 def test_iterable_exhaustion_partial_batch_and_reset():
     replies = run(
         make_config(Stream(5), kind="iterable"),
         [Task(0, 2), Task(1, 2), Task(2, 2), Task(3, 2), Reset(), Task(4, 2)],
     )
-    assert replies == [Done(0, [0, 1]), Done(1, [2, 3]), Done(2, [4]), Exhausted(3), Done(4, [0, 1])]
+    assert _plain(replies) == [
+        ("done", 0, [0, 1]),
+        ("done", 1, [2, 3]),
+        ("done", 2, [4]),
+        ("end", 3, None),
+        ("done", 4, [0, 1]),
+    ]
+    # each batch says how far the stream got; the one it ended in says so, once
+    records = [r.payload.record for r in replies if isinstance(r, Done)]
+    assert [(rec.drawn, rec.ended) for rec in records] == [(2, False), (4, False), (5, True), (2, False)]
+    assert replies[3].record is None  # the end was reported with the batch it happened in
 
 
 def test_iterable_drop_last_discards_partial_batch():
     replies = run(make_config(Stream(3), kind="iterable", drop_last=True), [Task(0, 2), Task(1, 2)])
-    assert replies == [Done(0, [0, 1]), Exhausted(1)]
+    assert _plain(replies) == [("done", 0, [0, 1]), ("end", 1, None)]
+    assert replies[1].record is not None and replies[1].record.ended  # the stream's end, with no batch
 
 
 def test_process_worker_seeds_globals_from_base_seed():
