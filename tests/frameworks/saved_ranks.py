@@ -1,5 +1,9 @@
 """What the saved_*_main.py rank scripts share: starting their ranks, and writing records.
 
+`launch_world(...)` is the test's side: it runs this module's `launch` for a script inside a
+loopback-only network namespace and returns each rank's record, failing the test with each
+rank's output when the ranks did not exit as expected.
+
 `launch(script, mode, out)` starts 2 ranks of `script MODE OUT` with torchrun's variables (gloo
 on loopback; the tests run it inside a loopback-only network namespace), waits for each rank and
 for every process that holds its output (its workers too, after a SIGKILL of the rank), killing
@@ -74,3 +78,28 @@ def main(script: str, rank_main: Any) -> None:
         return
     watch_for_hangs()
     rank_main(sys.argv[1], Path(sys.argv[2]))
+
+
+def launch_world(
+    script: Path, mode: str, out: Path, timeout_s: float, label: str, expected: list[int], **env: str
+) -> list[dict[str, Any]]:
+    """`script world MODE OUT` in a loopback-only namespace (its ranks started by `launch`),
+    with `env` added to the environment; each rank's record, OUT/MODE-RANK.json. Fails the
+    test, with each rank's output, when the ranks' exit codes are not `expected`."""
+    import pytest
+    from tests.support.namespaces import run_in_namespace
+
+    environment = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(sys.path),
+        PYTHONWARNINGS="ignore",
+        RANK_TIMEOUT_S=str(timeout_s - 15),
+        **env,
+    )
+    run_in_namespace([str(script), "world", mode, str(out)], out, environment, timeout_s, label, grace_s=10)
+    world = json.loads((out / f"world-{mode}.json").read_text())
+    if world["codes"] != expected:
+        ranks = enumerate(zip(world["codes"], world["outputs"]))
+        outputs = "\n".join(f"--- rank {r} exited {c}:\n{o[-4000:]}" for r, (c, o) in ranks)
+        pytest.fail(f"{mode}: the ranks exited {world['codes']}, not {expected}\n{outputs}")
+    return [json.loads((out / f"{mode}-{rank}.json").read_text()) for rank in range(2)]

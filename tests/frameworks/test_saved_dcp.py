@@ -11,9 +11,6 @@ the uninterrupted run first; resume), shared by the tests."""
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +22,8 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available() or not dist.is_gloo_available():
     pytest.skip("this torch build has no gloo backend", allow_module_level=True)
 
-from tests.support.namespaces import loopback_only, run_in_namespace  # noqa: E402
+from tests.frameworks.saved_ranks import launch_world  # noqa: E402
+from tests.support.namespaces import loopback_only  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("saved_dcp_main.py")
 LAUNCH_TIMEOUT_S = 120  # the script's own per-rank limit is RANK_TIMEOUT_S, below it
@@ -44,20 +42,9 @@ pytestmark = [
 
 def launch(mode: str, out: Path) -> list[dict[str, Any]]:
     """saved_dcp_main.py's MODE on two ranks; each rank's record."""
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(sys.path),
-        PYTHONWARNINGS="ignore",
-        RANK_TIMEOUT_S=str(LAUNCH_TIMEOUT_S - 15),
-        LIBRARIES=",".join(LIBRARIES),
+    return launch_world(
+        SCRIPT, mode, out, LAUNCH_TIMEOUT_S, f"DCP {mode}", EXPECTED_CODES[mode], LIBRARIES=",".join(LIBRARIES)
     )
-    run_in_namespace([str(SCRIPT), "world", mode, str(out)], out, env, LAUNCH_TIMEOUT_S, f"DCP {mode}", grace_s=10)
-    world = json.loads((out / f"world-{mode}.json").read_text())
-    if world["codes"] != EXPECTED_CODES[mode]:
-        ranks = enumerate(zip(world["codes"], world["outputs"]))
-        outputs = "\n".join(f"--- rank {r} exited {c}:\n{o[-4000:]}" for r, (c, o) in ranks)
-        pytest.fail(f"{mode}: the ranks exited {world['codes']}, not {EXPECTED_CODES[mode]}\n{outputs}")
-    return [json.loads((out / f"{mode}-{rank}.json").read_text()) for rank in range(2)]
 
 
 _runs: dict[str, Any] = {}
