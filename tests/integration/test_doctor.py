@@ -200,13 +200,14 @@ def test_cpu_heavy_recommendation_is_near_the_best(workdir: Path, tmp_path: Path
     assert recommended >= 0.9 * best, result.stdout
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(130)
 def test_cheap_dataset_needs_fewer_workers_than_cpus(workdir: Path, tmp_path: Path) -> None:
     cpus = len(os.sched_getaffinity(0))
     # The doctor measures throughput: on a 2-core machine shared with other work one noisy
     # window can make a GIL-bound thread row read 1.4x the inline one (seen about once in 20
-    # runs). A second, independent measurement is taken before the test decides it failed.
-    for attempt in range(2):
+    # runs, and twice in a row in a full `make test`). Up to three independent measurements
+    # are taken before the test decides it failed (a test that depends on timing, for issue 47).
+    for attempt in range(3):
         out_json = tmp_path / f"cheap{attempt}.json"
         result, _ = doctor(workdir, "doctor_targets:cheap", "--seconds", "8", "--json", str(out_json))
         assert result.returncode == 0, result.stderr
