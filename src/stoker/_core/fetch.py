@@ -15,7 +15,7 @@ from typing import Any
 
 from .._data.datasets import StackDataset, Subset
 from .protocol import ReplicaBatch
-from .replica import Record, Resume, take, unchanged
+from .replica import Record, Resume, take
 from .resume import is_stateful
 from .seeding import BATCH, ITEM, SAMPLE, FetchScope, batch_key, enter, leave
 from .stats import clock
@@ -199,7 +199,6 @@ class IterableFetcher:
         self._snapshot_every = snapshot_every
         self._batches = 0  # batches made this epoch: every `snapshot_every`-th takes a snapshot
         self._resume = resume  # where a resumed replica continues, put back before its first fetch
-        self._last_taken: Record | None = None  # this epoch's last snapshot sent (see replica.unchanged)
         # the loader's own dataset (num_workers=0): nothing is drawn ahead of the consumer, so
         # its state is asked for when the loader's state is (`snapshot_now`), not per batch
         self.live = False
@@ -229,7 +228,6 @@ class IterableFetcher:
         self._reported_end = False
         self._drawn = 0
         self._batches = 0
-        self._last_taken = None  # a new epoch's first snapshot is sent whole
 
     def fetch(self, count: int | None, epoch: int = 0, batch: int = 0) -> Any:
         if self._ended:
@@ -247,10 +245,7 @@ class IterableFetcher:
             return ReplicaBatch(made, self._end_record())
         every = self._snapshot_every
         if self.stateful and every and not self.live and self._batches % every == 0:
-            record = take(self._stateful_dataset, self._stateful_iter, self._drawn)
-            sent = unchanged(record, self._last_taken)
-            self._last_taken = record
-            return ReplicaBatch(made, sent)
+            return ReplicaBatch(made, take(self._stateful_dataset, self._stateful_iter, self._drawn))
         return ReplicaBatch(made, Record(False, drawn=self._drawn))
 
     def snapshot_now(self) -> Record | None:

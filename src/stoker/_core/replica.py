@@ -48,9 +48,6 @@ class Unsaved:
     kind: str = "raised"
 
 
-SAME = b""  # in a Record: this state pickles as the one the same worker sent last (no pickle is empty)
-
-
 @dataclass(frozen=True)
 class Record(Compact):
     """What a worker sends with a batch (and with the end of its stream): a new snapshot
@@ -79,9 +76,7 @@ class Kept:
     def after(self, record: Record) -> Kept:
         """This place moved on by a record the same worker sent later."""
         if record.taken:
-            dataset = self.dataset if record.dataset == SAME else record.dataset
-            iterator = self.iterator if record.iterator == SAME else record.iterator
-            return Kept(dataset, iterator, record.drawn_at, record.drawn, record.ended, record.unsaved)
+            return Kept(record.dataset, record.iterator, record.drawn_at, record.drawn, record.ended, record.unsaved)
         return Kept(self.dataset, self.iterator, self.drawn_at, record.drawn, record.ended, self.unsaved)
 
     def carried(self) -> Kept:
@@ -155,19 +150,6 @@ def snapshot(obj: Any) -> bytes | Unsaved:
         return Unsaved(
             f"its state_dict() returned a value that cannot be pickled ({type(exc).__name__}: {exc})", "pickle"
         )
-
-
-def unchanged(record: Record, last: Record | None) -> Record:
-    """`record` with each state that pickles exactly as in `last` (the same worker's previous
-    snapshot, every record between them delivered in order) sent as `SAME`: a large state
-    that did not change crosses once."""
-    if last is None or record.unsaved is not None or last.unsaved is not None:
-        return record
-    dataset = SAME if record.dataset is not None and record.dataset == last.dataset else record.dataset
-    iterator = SAME if record.iterator is not None and record.iterator == last.iterator else record.iterator
-    if dataset is record.dataset and iterator is record.iterator:
-        return record
-    return Record(True, dataset, iterator, record.drawn_at, record.drawn, record.ended)
 
 
 def take(dataset: Any, iterator: Any, drawn: int, ended: bool = False) -> Record:
