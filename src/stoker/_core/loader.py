@@ -53,7 +53,7 @@ from .plan import (
     resolve_ranks,
     resolve_workers,
 )
-from .replica import Kept
+from .replica import Kept, records, replica_part
 from .resume import (
     ELASTIC_KEYS,
     Progress,
@@ -805,14 +805,7 @@ class DataLoader(Generic[T_co]):
     def _replica_part(self, kept: Sequence[Kept | None], next_worker: int) -> dict[str, Any] | None:
         if not self._keeps_replicas():
             return None
-        for worker, k in enumerate(kept):
-            if k is not None and k.unsaved is not None:
-                raise ReplicaUnsaved(k.unsaved.reason, worker, k.unsaved.kind)
-        return {
-            "num_workers": int(self.num_workers),
-            "records": [None if k is None else k.saved() for k in kept],
-            "next_worker": next_worker,
-        }
+        return replica_part(list(kept), int(self.num_workers), next_worker)
 
     @staticmethod
     def _with_records(state: dict[str, Any], kept: Sequence[Kept | None]) -> dict[str, Any]:
@@ -821,7 +814,7 @@ class DataLoader(Generic[T_co]):
         part = state.get("replicas")
         if part is None:
             return dict(state)
-        return dict(state, replicas=dict(part, records=[None if k is None else k.saved() for k in kept]))
+        return dict(state, replicas=dict(part, records=records(list(kept))))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a `state_dict()`: the next `iter()` yields exactly the batches the

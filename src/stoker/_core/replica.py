@@ -35,6 +35,7 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import ReplicaUnsaved
 from .protocol import Compact
 
 
@@ -189,3 +190,17 @@ class Resume:
 
     def iterator_state(self) -> Any:
         return _loads(self.iterator)
+
+
+def records(kept: list[Kept | None]) -> list[dict[str, Any] | None]:
+    """Each replica's record as a loader state holds it (its states unpickled afresh)."""
+    return [None if k is None else k.saved() for k in kept]
+
+
+def replica_part(kept: list[Kept | None], num_workers: int, next_worker: int) -> dict[str, Any]:
+    """A loader state's `replicas` part. Raises `ReplicaUnsaved` (the loader's `state_dict()`
+    words it) for a replica whose state could not be taken."""
+    for worker, k in enumerate(kept):
+        if k is not None and k.unsaved is not None:
+            raise ReplicaUnsaved(k.unsaved.reason, worker, k.unsaved.kind)
+    return {"num_workers": num_workers, "records": records(kept), "next_worker": next_worker}

@@ -29,7 +29,7 @@ from .._data.identity import describe_data, prefixed
 from .._data.rng import RandomSource
 from .._data.samplers import BatchSampler
 from .errors import ReplicaUnsaved
-from .replica import Kept
+from .replica import Kept, replica_part
 
 END = -1  # the key of a user sampler's state recorded after its epoch's source ended
 VERSION = 2  # 2: replica records (any state, pickled, iterators, replays); 1 is read (see upgrade)
@@ -139,12 +139,7 @@ class Progress:
         count = max(self.num_workers, 1)
         if not self.carries:
             return [None] * count
-        current = self.scheduler.current_epoch if self.scheduler is not None else None
-        ended = current is None or not self.started
-        return [
-            (kept.carried() if ended else kept) if (kept := self.replicas.get(w)) is not None else None
-            for w in range(count)
-        ]
+        return [kept.carried() if (kept := self.replicas.get(w)) is not None else None for w in range(count)]
 
     def _replica_part(self, next_epoch: bool) -> dict[str, Any] | None:
         """The state's record of each replica (None: nothing to record)."""
@@ -157,15 +152,8 @@ class Progress:
             kept[0] = (kept[0] or Kept()).after(now)
         if next_epoch:
             kept = [k.carried() if k is not None and self.carries else None for k in kept]
-        for worker, k in enumerate(kept):
-            if k is not None and k.unsaved is not None:
-                raise ReplicaUnsaved(k.unsaved.reason, worker, k.unsaved.kind)
         next_worker = 0 if next_epoch or self.last_worker is None else (self.last_worker + 1) % count
-        return {
-            "num_workers": self.num_workers,
-            "records": [None if k is None else k.saved() for k in kept],
-            "next_worker": next_worker,
-        }
+        return replica_part(kept, self.num_workers, next_worker)
 
     def point(self, fix: bool = True) -> dict[str, Any] | None:
         """Where a resumed iterator continues, or None when no epoch is under way and the
