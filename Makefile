@@ -44,7 +44,7 @@ python_for = $(or $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/$(1).*/bin
 $(STAMP): pyproject.toml benchmarks/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-compile -e '.[test,test-frameworks,test-datasets,bench,ray,vision,docs,stream,parquet]' '$(TORCH_PIN)'
+	$(PY) -m pip install --quiet --no-compile -e '.[test,test-frameworks,test-datasets,test-jax,bench,ray,vision,docs,stream,parquet]' '$(TORCH_PIN)'
 	$(PY) -m pip install --quiet --no-compile --no-deps '$(LITDATA_PIN)'
 	$(PY) -m pip install --quiet --no-compile --no-deps -e benchmarks
 	$(PY) -m compileall -q -j 0 -x '/torch/testing/_internal/py312' \

@@ -250,9 +250,9 @@ class LoaderIterator(Generic[T]):
         scheduler.begin_epoch(self._recorded(source, number, 0))
 
     def _recorded(self, source: Any, epoch: int, start: int) -> Any:
-        """A user's stateful sampler has its state recorded after each batch is drawn; a
-        dataset that fetches ahead (`_base/hooks.py`'s `FetchesAhead`) hears of each batch as it
-        is drawn (ahead)."""
+        """A user's stateful sampler has its state recorded after each batch is drawn; each
+        batch is cut to the rows this process loads (`take_rows`); a dataset that fetches
+        ahead (`_base/hooks.py`'s `FetchesAhead`) hears of each batch as it is drawn (ahead)."""
         plan = self._plan
         hook = upcoming_of(plan.dataset)
         user = stateful_user_sampler(plan.index_sampler)
@@ -260,6 +260,8 @@ class LoaderIterator(Generic[T]):
             record = self._progress.user_states.setdefault(epoch, {})
             keep = plan.window + 2 + (MOST_AHEAD if hook is not None else 0)
             source = recording(source, user, record, start, keep=keep)
+        if plan.take_rows is not None:
+            source = map(plan.take_rows, source)
         return source if hook is None else drawing_ahead(source, hook, plan.window)
 
     @property

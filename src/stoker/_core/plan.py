@@ -99,6 +99,8 @@ class LoadPlan:
     replicas: tuple[Any, ...] = ()
     restore: bool = False
     snapshot_every: int = 1  # an iterable replica's state is taken every n batches (0: at its end)
+    # the part of each batch of indices this process loads (stoker.jax: its devices' rows)
+    take_rows: Callable[[Any], Any] | None = None
 
     @property
     def iterable(self) -> bool:
