@@ -2,10 +2,12 @@
 
 `MixedDataset` mixes datasets in set proportions (of documents or of tokens, following a
 schedule if asked) with no sampling drift; `PackedDataset` packs a stream of token documents
-into rows of `seq_len` tokens (best-fit or greedy, over fixed windows of K documents) with the
-fields variable-length attention takes; `StreamSampler` walks either stream epoch after epoch,
-split over ranks, so that a loader's `state_dict()` resumes exactly on another world size;
-Lightning, accelerate and the Hugging Face Trainer keep it as each rank's share.
+into rows of `seq_len` tokens (best-fit or greedy, over windows that each make K rows, the
+pieces that do not fit carried to the next) with the fields variable-length attention takes,
+or those of JAX models (`fields="jax"` or `"maxtext"`: fixed shapes, `segment_ids` and
+`positions`); `StreamSampler` walks either stream epoch after epoch, split over ranks, so
+that a loader's `state_dict()` resumes exactly on another world size; Lightning, accelerate
+and the Hugging Face Trainer keep it as each rank's share.
 
     from stoker.mix import MixedDataset, PackedDataset, StreamSampler, TokenDataset, collate_packed
 

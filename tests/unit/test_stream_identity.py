@@ -202,6 +202,7 @@ PACK_CASES: dict[str, list[tuple[dict[str, Any], dict[str, Any], str | None]]] =
     ],
     "seq_len": [(PACK_BASE, dict(PACK_BASE, seq_len=200), "stream.seq_len")],
     "window_size": [(PACK_BASE, dict(PACK_BASE, window_size=8), "stream.window_size")],
+    "fields": [(PACK_BASE, dict(PACK_BASE, fields="jax"), "stream.fields")],
     "window_unit": [(PACK_BASE, dict(PACK_BASE, window_unit="documents"), "stream.window_unit")],
     "method": [(PACK_BASE, dict(PACK_BASE, method="greedy"), "stream.method")],
     "long": [(PACK_BASE, dict(PACK_BASE, long="drop"), "stream.long")],

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing
-import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Literal, TypeVar
 
@@ -131,7 +130,7 @@ class DataLoader(_loader.DataLoader[T_co]):
         self._layout = Layout(self.sharding, multiprocess=jax.process_count() > 1, own_rows=own)
         if multiprocessing_context is None and num_workers != 0 and not options.get("thread_pool"):
             multiprocessing_context = "forkserver"
-        self._jax_iterator: Callable[[], JaxIterator | None] = lambda: None
+        self._delivered = Delivered()  # the current epoch's state after the batch last handed over
         # an IterableDataset read by several processes: each stream gives its process's rows
         self._iterable_share = is_iterable_dataset(dataset) and (self._layout.multiprocess or own is not None)
         given_batch = batch_size
@@ -220,9 +219,8 @@ class DataLoader(_loader.DataLoader[T_co]):
     def __iter__(self) -> JaxIterator:  # type: ignore[override]
         """Start an epoch (see `stoker.DataLoader.__iter__`): an iterator over its batches of
         `jax.Array`s, `device_prefetch` of them placed ahead."""
-        iterator = JaxIterator(self, super().__iter__())
-        self._jax_iterator = weakref.ref(iterator)
-        return iterator
+        self._delivered = Delivered()
+        return JaxIterator(self, super().__iter__(), self._delivered)
 
     # ----------------------------------------------------------------- resume
     def state_dict(self) -> dict[str, Any]:
@@ -237,8 +235,9 @@ class DataLoader(_loader.DataLoader[T_co]):
         Raises:
             RuntimeError, TypeError: as `stoker.DataLoader.state_dict`.
         """
-        iterator = self._jax_iterator()
-        state = iterator.delivered_state() if iterator is not None else None
+        # batches placed ahead were drawn from the core loader, whose own state counts them
+        # (also after a `break` or a dropped iterator: the holder outlives the iterator)
+        state = None if self._delivered.done else self._delivered.state
         if state is None:
             state = super().state_dict()
         return dict(state, **{STATE_KEY: self._split()})
@@ -278,6 +277,7 @@ class DataLoader(_loader.DataLoader[T_co]):
                         "stream, so it resumes only on the same processes. The state was not applied"
                     )
         super().load_state_dict({k: v for k, v in state.items() if k != STATE_KEY})
+        self._delivered = Delivered()
 
     def __repr__(self) -> str:
         return f"stoker.jax.DataLoader(batch_size={self.batch_size}, sharding={self.sharding})"
@@ -328,17 +328,27 @@ def _own_rows(jax: Any, process_index: Any, process_count: Any) -> tuple[int, in
     return (index, count) if count > 1 else None
 
 
+class Delivered:
+    """What a loader knows of its current epoch's delivery: the core loader's state after the
+    batch last handed over (None: none was, or nothing was drawn ahead of it), and whether the
+    epoch has ended (then the core loader's own state is the right one)."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, Any] | None = None
+        self.done = False
+
+
 class JaxIterator:
     """One epoch of a `stoker.jax.DataLoader`: its batches as `jax.Array`s, placed ahead."""
 
-    def __init__(self, loader: DataLoader[Any], base: Iterator[Any]) -> None:
+    def __init__(self, loader: DataLoader[Any], base: Iterator[Any], delivered: Delivered) -> None:
         self._base = base
+        self._delivered = delivered
         self._length = _length_of(base)
         self._copier: JaxCopier | None = None
         self._device: DeviceIterator[Any] | None = None
         self._layout = loader._layout
         self._global_rows = loader._global_rows
-        self._done = False
         if loader.device_prefetch > 0:
             snapshot = _loader.DataLoader.state_dict
 
@@ -348,7 +358,7 @@ class JaxIterator:
                 for batch in base:
                     yield batch, snapshot(loader)
 
-            self._copier = JaxCopier(loader._layout, loader._global_rows)
+            self._copier = JaxCopier(loader._layout, loader._global_rows, delivered)
             self._device = DeviceIterator(drawn(), self._copier, loader.device_prefetch)
 
     def __iter__(self) -> JaxIterator:
@@ -362,20 +372,13 @@ class JaxIterator:
             placed = self._layout.place(batch, self._global_rows(batch))
             return placed
         except StopIteration:
-            self._done = True
+            self._delivered.done = True
             raise
 
     def __len__(self) -> int:
         if self._length is None:
             raise TypeError("this epoch's length is unknown (the dataset has no len())")
         return self._length
-
-    def delivered_state(self) -> dict[str, Any] | None:
-        """The loader's state after the batch last handed over, when batches were placed ahead
-        of it; None when the loader's own state is that state."""
-        if self._done or self._copier is None:
-            return None
-        return self._copier.state
 
     def close(self) -> None:
         """Wait for the transfers in flight and let their host batches go."""

@@ -219,10 +219,10 @@ class JaxCopier:
 
     keeps_host_until_copied = True
 
-    def __init__(self, layout: Layout, global_rows: Callable[[Any], int | None]) -> None:
+    def __init__(self, layout: Layout, global_rows: Callable[[Any], int | None], delivered: Any) -> None:
         self.layout = layout
         self.global_rows = global_rows
-        self.state: Any = None  # the state after the batch last handed over
+        self.delivered = delivered  # its `state`: the loader's state after the batch last handed over
 
     def start(self, item: Any) -> JaxHandle:
         """Begin placing one (host batch, state) pair."""
@@ -235,7 +235,7 @@ class JaxCopier:
         reports."""
         placed, handle.placed, handle.host = handle.placed, None, None
         import_jax().block_until_ready(placed)
-        self.state = handle.state
+        self.delivered.state = handle.state
         return placed
 
     def release(self, handle: JaxHandle) -> None:

@@ -37,6 +37,19 @@ def _process() -> tuple[int, int]:
     return jax.process_index(), jax.process_count()
 
 
+def _json_exact(value: Any) -> bool:
+    """Whether JSON gives `value` back equal and of the same types."""
+    if value is None or type(value) in (str, int, bool):
+        return True
+    if type(value) is float:
+        return value == value and value not in (float("inf"), float("-inf"))
+    if type(value) is list:
+        return all(_json_exact(item) for item in value)
+    if type(value) is dict:
+        return all(type(key) is str and _json_exact(item) for key, item in value.items())
+    return False
+
+
 def _check_loader(item: Any, what: str) -> Any:
     if not (callable(getattr(item, "state_dict", None)) and callable(getattr(item, "load_state_dict", None))):
         raise TypeError(
@@ -61,12 +74,10 @@ class CheckpointHandler:
         loader = _check_loader(item if item is not None else args.item, "CheckpointSave")
         state = loader.state_dict()
         index, count = _process()
-        try:
-            text = json.dumps(state)
-        except (TypeError, ValueError):  # a dataset's own state that JSON cannot hold
+        if _json_exact(state):
+            (directory / f"process_{index}-of-{count}.json").write_text(json.dumps(state))
+        else:  # a dataset's own state that JSON would not give back as it was (tuples, int keys...)
             (directory / f"process_{index}-of-{count}.pkl").write_bytes(pickle.dumps(state, protocol=5))
-        else:
-            (directory / f"process_{index}-of-{count}.json").write_text(text)
 
     def restore(self, directory: Any, item: Any = None, args: Any = None) -> Any:
         """Load this process's saved state (or process 0's, saved on another number of

@@ -38,10 +38,13 @@ from .pack_rows import (
     Piece,
     Row,
     build_row,
+    check_fields,
+    check_int32,
     check_positive_int,
     check_seq_len,
     check_window_size,
     check_window_unit,
+    convert_row,
     pack_rows_window,
     pack_window,
     piece_tokens,
@@ -123,7 +126,8 @@ class PackedDataset(Dataset[dict[str, Any]]):
     `seq_len`, `method` and `long` (the same on any number of workers and ranks).
     `len(ds)` is the epoch length in rows; `StreamSampler` walks the stream epoch after epoch.
 
-    A row is a dict of numpy arrays (torch tensors with `tensors=True`):
+    A row is a dict of numpy arrays (torch tensors with `tensors=True`). With `fields="torch"`
+    (the default):
 
     - `input_ids` (int64, seq_len): the documents' tokens back to back, then `pad_id`.
     - `position_ids` (int32, seq_len): 0, 1, 2, ... restarting at each document; 0 on padding.
@@ -134,6 +138,26 @@ class PackedDataset(Dataset[dict[str, Any]]):
     - `max_seqlen` (int): the longest document in the row.
     - `labels` (int64, seq_len): `input_ids` with -100 at each document's first token and on
       padding.
+
+    With `fields="jax"`, the convention of JAX and Flax models: every field int32 and of a
+    fixed shape, so that the default collate stacks a batch into one static shape and a jitted
+    step compiles once:
+
+    - `input_ids`, `segment_ids` and `labels` (seq_len) as above; `positions` (seq_len): the
+      `position_ids` above.
+    - `cu_seqlens` (seq_len + 1): the boundaries above, then the last one (the number of real
+      tokens) repeated: the segments after the row's documents are empty, so a kernel that
+      reads segment i as [cu[i], cu[i + 1]) still reads the row right. No `max_seqlen`:
+      `seq_len` bounds it.
+
+    With `fields="maxtext"`, MaxText's batch names, int32, fixed shapes: `inputs`,
+    `inputs_segmentation`, `inputs_position` (the tokens, segments and positions);
+    `targets` (the next token where it is in the same document, else `pad_id`),
+    `targets_segmentation` (the segment where a token has a target, else 0: MaxText's loss
+    weights), `targets_position`; and `cu_seqlens` as for "jax". No token is trained to
+    predict across a document boundary, as with `labels`.
+
+    The same arguments give the same rows, tokens and boundaries in every convention.
 
     Packing reads lengths, not tokens: a `TokenDataset` (or a `MixedDataset` of them) gives
     them for free; any other dataset's documents are read once more to be measured. To find
@@ -165,13 +189,19 @@ class PackedDataset(Dataset[dict[str, Any]]):
         field: When the documents are mappings (a Hugging Face dataset's rows), the key that
             holds the tokens (an integer array or a list of ints). None means the mix's
             `field` over a `MixedDataset`, else the documents are arrays. Defaults to None.
+        fields: The rows' convention: "torch" (variable-length `cu_seqlens`, batched with
+            `collate_packed`), "jax" (fixed shapes, int32, `segment_ids` and `positions`;
+            batched by the default collate) or "maxtext" (fixed shapes, int32, MaxText's
+            names and shifted targets). Token ids and `pad_id` must fit int32 for "jax" and
+            "maxtext". A loader state records it unless it is "torch". Defaults to "torch".
 
     Raises:
         TypeError: when `seq_len`, `window_size` or `rows_per_epoch` is not an int, or
             `field` is not a str.
-        ValueError: when one is < 1, `method`, `long` or `window_unit` is not an accepted value, the
-            dataset is empty, its documents pack into no rows, or `field` differs from the
-            mix's.
+        ValueError: when one is < 1, `method`, `long`, `window_unit` or `fields` is not an
+            accepted value, the dataset is empty, its documents pack into no rows, `field`
+            differs from the mix's, `pad_id` does not fit int32 with JAX fields, or (when a
+            row is made) a token id does not fit int32 with JAX fields.
         DocumentError: (when a row is made or measured) a document that is not a 1-D integer
             array, naming its source and index.
     """
@@ -189,6 +219,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
         tensors: bool = False,
         field: str | None = None,
         window_unit: str = "rows",
+        fields: str = "torch",
     ) -> None:
         self.seq_len = check_seq_len(seq_len)
         self.window_size = check_window_size(window_size)
@@ -197,7 +228,10 @@ class PackedDataset(Dataset[dict[str, Any]]):
         if long not in LONG:
             raise ValueError(f"long should be one of {LONG}, but got long={long!r}")
         self.window_unit = check_window_unit(window_unit)
+        self.fields = check_fields(fields)
         self.method, self.long, self.pad_id, self.tensors = method, long, int(pad_id), bool(tensors)
+        if self.fields != "torch":
+            check_int32(self.pad_id, "pad_id")
         self.dataset = dataset
         inner = dataset.field if isinstance(dataset, MixedDataset) else None  # HasField
         if field is None:
@@ -426,14 +460,16 @@ class PackedDataset(Dataset[dict[str, Any]]):
                     )
                 docs[p] = doc
         keys = list(docs)
-        fields = build_row(
+        arrays = build_row(
             [docs[k] for k in keys], [(keys.index(p), s, e) for p, s, e in pieces], self.seq_len, self.pad_id
         )
+        if self.fields != "torch":
+            arrays = convert_row(arrays, self.seq_len, self.fields, self.pad_id, f"row {row}")
         if self.tensors:
             import torch
 
-            return {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in fields.items()}
-        return fields
+            return {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v) for k, v in arrays.items()}
+        return arrays
 
     def utilisation(self) -> float:
         """Real tokens over row tokens (rows x seq_len) of the windows packed so far."""
@@ -442,7 +478,8 @@ class PackedDataset(Dataset[dict[str, Any]]):
 
     def stoker_describe(self) -> dict[str, Any]:
         """What a loader state saved over this dataset must agree on: every argument that
-        changes a row (not `tensors`, which changes only the rows' type), the stream's size,
+        changes a row (not `tensors`, which changes only the rows' type; `fields` only when it
+        is not "torch", so that states saved before it existed still load), the stream's size,
         and the documents' own description, under `mix.` for a `MixedDataset` and `data.`
         for any other dataset (see the mixing guide's table of what a state records).
 
@@ -459,6 +496,8 @@ class PackedDataset(Dataset[dict[str, Any]]):
             "field": self.field,
             "documents": self._stream.size,
         }
+        if self.fields != "torch":  # the rows' names, dtypes and shapes (and MaxText's shifted targets)
+            out["fields"] = self.fields
         inner = "mix" if isinstance(self.dataset, MixedDataset) else "data"
         out.update(prefixed(inner, describe_data(self.dataset)))
         return out
@@ -507,7 +546,8 @@ class PackedDataset(Dataset[dict[str, Any]]):
     def __repr__(self) -> str:
         return (
             f"PackedDataset(seq_len={self.seq_len}, window_size={self.window_size}, window_unit={self.window_unit!r}, "
-            f"method={self.method!r}, rows_per_epoch={self.rows_per_epoch})"
+            f"method={self.method!r}, rows_per_epoch={self.rows_per_epoch}"
+            + (f", fields={self.fields!r})" if self.fields != "torch" else ")")
         )
 
 
@@ -518,13 +558,20 @@ def collate_packed(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     `max_seqlen` the longest segment. numpy rows give numpy, torch rows torch tensors.
 
     Args:
-        rows: `PackedDataset` rows, all of the same `seq_len`.
+        rows: `PackedDataset` rows made with `fields="torch"`, all of the same `seq_len`.
 
     Raises:
-        ValueError: when `rows` is empty or the rows' lengths differ.
+        ValueError: when `rows` is empty, the rows' lengths differ, or they are rows of
+            `fields="jax"` or `"maxtext"` (fixed shapes: the default collate batches them).
     """
     if not rows:
         raise ValueError("collate_packed needs at least one row")
+    if "position_ids" not in rows[0] or "max_seqlen" not in rows[0]:
+        raise ValueError(
+            f"collate_packed batches rows of PackedDataset(fields='torch'), but got a row with fields "
+            f"{sorted(rows[0])}: rows of fields='jax' or 'maxtext' have fixed shapes, batch them with the "
+            "default collate (leave collate_fn out)"
+        )
     torch_rows = not isinstance(rows[0]["input_ids"], np.ndarray)
 
     def arr(x: Any) -> np.ndarray:

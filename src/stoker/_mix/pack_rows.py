@@ -45,7 +45,9 @@ necessarily in increasing row order; their (start, end) say where they belong. W
 ``long="drop"`` such documents are left out. Empty documents produce no pieces.
 
 `build_row` turns one row's pieces into the arrays training code consumes; see its
-docstring for the conventions (cu_seqlens leaves the padding tail out).
+docstring for the conventions (cu_seqlens leaves the padding tail out). `convert_row` gives
+the same row in the fixed-shape conventions of JAX models (``fields="jax"`` or
+``"maxtext"``).
 """
 
 from __future__ import annotations
@@ -61,11 +63,14 @@ Row = list[Piece]
 Method = Literal["greedy", "best_fit"]
 Long = Literal["split", "drop"]
 Unit = Literal["documents", "rows"]
+Fields = Literal["torch", "jax", "maxtext"]
 
 METHODS = ("greedy", "best_fit")
 LONG = ("split", "drop")
 UNITS = ("documents", "rows")
+FIELDS = ("torch", "jax", "maxtext")
 IGNORE_INDEX = -100
+_INT32 = np.iinfo(np.int32)
 
 
 def check_positive_int(value: int, name: str) -> int:
@@ -89,6 +94,19 @@ def check_window_unit(window_unit: str) -> str:
     if window_unit not in UNITS:
         raise ValueError(f"window_unit should be one of {UNITS}, but got {window_unit!r}")
     return window_unit
+
+
+def check_fields(fields: str) -> str:
+    if not isinstance(fields, str) or fields not in FIELDS:
+        raise ValueError(f"fields should be one of {FIELDS}, but got fields={fields!r}")
+    return fields
+
+
+def check_int32(value: int, name: str) -> int:
+    """`value` as an int that fits int32 (the JAX rows' dtype): ValueError naming `name` if not."""
+    if not _INT32.min <= value <= _INT32.max:
+        raise ValueError(f"{name} should fit int32 (the dtype of JAX rows), but got {value}")
+    return int(value)
 
 
 def check_options(method: str, long: str) -> None:
@@ -344,4 +362,66 @@ def build_row(docs: Sequence[np.ndarray], pieces: Row, seq_len: int, pad_id: int
         "cu_seqlens": cu,
         "max_seqlen": max_seqlen,
         "labels": labels,
+    }
+
+
+def convert_row(
+    row: dict[str, Any], seq_len: int, fields: str, pad_id: int = 0, where: str = "the row"
+) -> dict[str, Any]:
+    """`build_row`'s row in the convention `fields` names. The JAX conventions hold int32
+    fields of fixed shapes only, so that a default collate stacks a batch into one static
+    shape (a jitted step compiles once):
+
+    * ``"torch"``: the row as it is.
+    * ``"jax"``: ``input_ids``, ``segment_ids`` (1, 2, ... per piece, 0 on padding),
+      ``positions`` (0, 1, ... restarting at each piece, 0 on padding) and ``labels`` (-100
+      at each piece's first token and on padding), each (seq_len,), and ``cu_seqlens``
+      (seq_len + 1,): the row's boundaries, then its last one (the number of real tokens)
+      repeated, so the segments after the row's pieces are empty (length 0) and a kernel that
+      reads segment i as [cu[i], cu[i + 1]) skips them. ``max_seqlen`` is left out: seq_len
+      bounds it, and a jitted kernel needs a static bound.
+    * ``"maxtext"``: MaxText's names and its shifted targets: ``inputs``,
+      ``inputs_segmentation``, ``inputs_position`` (the tokens, segments and positions
+      above); ``targets`` (token t + 1 where it is in the same piece as token t, else
+      `pad_id`); ``targets_segmentation`` (token t's segment where it has such a target,
+      else 0: the loss weights); ``targets_position`` (the positions); and ``cu_seqlens`` as
+      for ``"jax"``.
+
+    Raises:
+        ValueError: when `fields` is not one of FIELDS, or a token id does not fit int32
+            (naming `where`).
+    """
+    check_fields(fields)
+    if fields == "torch":
+        return row
+    ids = row["input_ids"]
+    low, high = (int(ids.min()), int(ids.max())) if len(ids) else (0, 0)
+    if low < _INT32.min or high > _INT32.max:
+        bad = low if low < _INT32.min else high
+        raise ValueError(f"{where} holds token id {bad}, which does not fit int32 (the dtype of fields={fields!r})")
+    tokens = ids.astype(np.int32)
+    segments, positions = row["segment_ids"], row["position_ids"]
+    cu = np.full(seq_len + 1, row["cu_seqlens"][-1], dtype=np.int32)
+    cu[: len(row["cu_seqlens"])] = row["cu_seqlens"]
+    if fields == "jax":
+        return {
+            "input_ids": tokens,
+            "segment_ids": segments,
+            "positions": positions,
+            "labels": row["labels"].astype(np.int32),
+            "cu_seqlens": cu,
+        }
+    # token t predicts token t + 1 only within its own piece, as `labels` has it
+    has_next = np.zeros(seq_len, dtype=bool)
+    has_next[:-1] = (segments[1:] == segments[:-1]) & (segments[:-1] > 0)
+    targets = np.full(seq_len, pad_id, dtype=np.int32)
+    np.copyto(targets[:-1], tokens[1:], where=has_next[:-1])
+    return {
+        "inputs": tokens,
+        "inputs_segmentation": segments,
+        "inputs_position": positions,
+        "targets": targets,
+        "targets_segmentation": segments * has_next,
+        "targets_position": positions.copy(),
+        "cu_seqlens": cu,
     }
