@@ -25,11 +25,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without torch
     ) from exc
 
 from ._base.hooks import Stateful
-from ._core.device import normalize, to_device
 from ._core.errors import UnshardedWarning, WorkerDiedError, WorkerError, WorkerRestartWarning
 from ._core.seeding import sample_rng, sample_seed
 from ._core.stats import LoaderStats, WorkerStats
 from ._core.torch_loader import DataLoader, StatefulDataLoader
+from ._core.torch_place import normalize, to_device
 from ._core.worker import WorkerInfo, get_worker_info
 from ._data import datasets as _datasets
 from ._data.collate import CollateFnMap

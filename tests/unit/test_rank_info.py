@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import stoker
-from stoker._core.device import default_device
 from stoker._core.pin import local_device_index
 from stoker._core.seeding import _global_seeds
+from stoker._core.torch_place import default_device
 from stoker._core.worker import WorkerConfig
 from stoker._data.distributed import ranks
 

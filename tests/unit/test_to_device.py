@@ -14,7 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stoker._core.device import DeviceLoader, map_tensors  # noqa: E402
+from stoker._core.device import DeviceLoader  # noqa: E402
+from stoker._core.torch_place import map_tensors  # noqa: E402
 from stoker.torch import DataLoader, to_device  # noqa: E402
 
 Pair = namedtuple("Pair", ["image", "label"])
@@ -392,7 +393,7 @@ class Moving(torch.Tensor):
 def test_cuda_copier_calls_in_order() -> None:
     from types import SimpleNamespace
 
-    from stoker._core.device import CudaCopier
+    from stoker._core.torch_place import CudaCopier
 
     cuda = FakeCuda()
     Moving.cuda = cuda
@@ -415,7 +416,7 @@ def test_cuda_copier_calls_in_order() -> None:
 def test_cuda_copier_waits_for_queued_copies_when_a_copy_fails() -> None:
     from types import SimpleNamespace
 
-    from stoker._core.device import CudaCopier
+    from stoker._core.torch_place import CudaCopier
 
     cuda = FakeCuda()
     Moving.cuda = cuda
@@ -501,7 +502,7 @@ def test_normalize_converts_uint8_per_channel_and_leaves_the_rest() -> None:
 def test_cuda_copier_runs_the_transform_on_the_side_stream_before_the_event() -> None:
     from types import SimpleNamespace
 
-    from stoker._core.device import CudaCopier
+    from stoker._core.torch_place import CudaCopier
 
     cuda = FakeCuda()
     Moving.cuda = cuda

@@ -638,7 +638,7 @@ def decode_jpegs(
     """
     import torch
 
-    from .._core.device import normalize
+    from .._core.torch_place import normalize
 
     check_choice("decoder", decoder, DECODERS)
     if (mean is None) != (std is None):
