@@ -23,6 +23,15 @@ USER_PY := $(USER_VENV)/bin/python
 USER_STAMP := $(USER_VENV)/.installed
 USER_TESTS := tests/user tests/shards/test_relay.py tests/shards/test_elastic.py
 
+# The JAX user tier: a venv holding only `pip install 'stoker[jax]'` and Orbax (which the JAX
+# guide tells users to install beside it), no torch, plus the test runner and psutil; it runs the
+# JAX guide's examples as written (tests/user/test_user_jax.py, STOKER_USER_TIER=jax).
+JAX_PIN := jax==0.10.2
+ORBAX_PIN := orbax-checkpoint==0.12.8
+USER_JAX_VENV := build/user-jax-venv
+USER_JAX_PY := $(USER_JAX_VENV)/bin/python
+USER_JAX_STAMP := $(USER_JAX_VENV)/.installed
+
 # The core suite on the other Pythons users run (3.10, 3.12, 3.13; `make test` runs 3.11). torch's
 # CPU wheel is a local file for 3.11 only (an unpinned torch would pull a multi-GB CUDA build), so
 # each of these venvs holds what needs no torch: numpy, the shards' and progress extras, the test
@@ -37,7 +46,7 @@ PYENV_ROOT ?= $(HOME)/.pyenv
 CORE_TESTS := tests/unit tests/integration tests/faults tests/shards tests/mix
 python_for = $(or $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/$(1).*/bin/python$(1)))),python$(1))
 
-.PHONY: test bench lint typecheck pytest user-tier test-pythons $(addprefix test-python,$(PYTHONS)) coverage docs docs-strict setup clean
+.PHONY: test bench lint typecheck pytest user-tier user-tier-jax test-pythons $(addprefix test-python,$(PYTHONS)) coverage docs docs-strict setup clean
 
 # pip would compile what it installs on one core (~75 s of CPU here); compileall uses every
 # core. Skipped: a file of torch's test helpers written for Python 3.12 only.
@@ -65,6 +74,18 @@ user-tier: $(STAMP) $(USER_STAMP)
 	$(USER_PY) -m pip install --quiet --no-deps --force-reinstall .
 	STOKER_USER_TIER=1 STOKER_S3_SERVER_PYTHON=$(abspath $(PY)) $(USER_PY) -m pytest -q -p no:cacheprovider $(USER_TESTS)
 
+$(USER_JAX_STAMP): pyproject.toml
+	rm -rf $(USER_JAX_VENV)
+	$(PYTHON) -m venv $(USER_JAX_VENV)
+	$(USER_JAX_PY) -m pip install --quiet --upgrade pip
+	$(USER_JAX_PY) -m pip install --quiet '.[jax]' '$(JAX_PIN)' '$(ORBAX_PIN)' pytest pytest-timeout psutil
+	touch $(USER_JAX_STAMP)
+
+# After user-tier, not beside it: each builds the checkout's wheel in ./build.
+user-tier-jax: $(STAMP) $(USER_JAX_STAMP)
+	$(USER_JAX_PY) -m pip install --quiet --no-deps --force-reinstall .
+	STOKER_USER_TIER=jax $(USER_JAX_PY) -m pytest -q -p no:cacheprovider tests/user/test_user_jax.py
+
 build/py%/.installed: pyproject.toml
 	rm -rf build/py$*
 	$(call python_for,$*) -m venv build/py$*
@@ -88,6 +109,7 @@ test-pythons:
 # check alone takes ~35 s of one core (it reads torch's stubs); so does the user-install tier.
 test: $(STAMP)
 	$(MAKE) --no-print-directory -j4 lint typecheck pytest docs-strict user-tier
+	$(MAKE) --no-print-directory user-tier-jax
 
 typecheck: $(STAMP)
 	$(PY) -m mypy

@@ -132,6 +132,8 @@ def test_every_page_has_its_examples_found() -> None:
         "docs/guide/vision.md",
         "docs/guide/shards.md",
         "docs/guide/mixing-and-packing.md",
+        "docs/guide/jax.md",
+        "docs/guide/from-grain.md",
         "stoker.testing",
     ):
         assert page in where, page
@@ -141,6 +143,7 @@ def test_every_page_has_its_examples_found() -> None:
         "stoker.vision",
         "stoker.shards",
         "stoker.mix",
+        "stoker.jax",
         "stoker.ray",
         "stoker.testing",
     }

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 # unpickles a dataset subclassing stoker.Dataset imports what it needs and not the loader,
 # the iterator or the doctor: start-up time is import time there.
 _EXPORTS = {
+    "ArrayRecordDataset": "._shards.array_record",
     "UnshardedWarning": "._core.errors",
     "WorkerDiedError": "._core.errors",
     "WorkerError": "._core.errors",
@@ -77,6 +78,7 @@ if TYPE_CHECKING:
     )
     from ._data.shared_list import SharedList
     from ._data.stream_split import Shard, shard_for
+    from ._shards.array_record import ArrayRecordDataset
 
 
 def __getattr__(name: str) -> Any:
@@ -96,6 +98,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ArrayDataset",
+    "ArrayRecordDataset",
     "BatchSampler",
     "ChainDataset",
     "ConcatDataset",

@@ -154,3 +154,26 @@ def test_a_per_process_state_is_refused_by_a_loader_that_follows_jax() -> None:
 def test_a_state_that_is_not_a_dict_names_state() -> None:
     with pytest.raises(TypeError, match="state"):
         loader().load_state_dict([("epoch", 0)])  # type: ignore[arg-type]
+
+
+def test_shuffling_over_several_processes_without_a_generator_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match=r"generator should be given"):
+        loader(shuffle=True, process_index=0, process_count=2)
+    first, second = (loader(shuffle=True, generator=3, process_index=i, process_count=2) for i in (0, 1))
+    rows = [np.asarray(a["y"]).tolist() + np.asarray(b["y"]).tolist() for a, b in zip(first, second)]
+    assert sorted(i for batch in rows for i in batch) == list(range(64))  # each sample once
+
+
+def test_a_spec_over_two_mesh_axes_lays_out_every_leaf() -> None:
+    import jax
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((4, 2), ("data", "model"))
+    class Wide(Samples):  # 4 features: the "model" axis cuts them in 2
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            return {"x": np.full(4, i, np.float32), "y": np.int64(i)}
+
+    batch = next(iter(loader(batch_size=8, dataset=Wide(), sharding=NamedSharding(mesh, P("data", "model")))))
+    assert batch["x"].sharding.spec == P("data", "model") and batch["y"].sharding.spec == P("data")
+    np.testing.assert_array_equal(np.asarray(batch["y"]), np.arange(8))

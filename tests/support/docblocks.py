@@ -153,6 +153,9 @@ assert sorted(int(i) for batch in _loader for i in batch) == list(range(100))
 
 # Blocks not run here, each with the reason and where it is run instead.
 SKIPS = {
+    "jax-distributed": "a jax.distributed program started once per process (a coordinator on a port): "
+    "tests/user/test_user_jax.py runs it as written on 2 processes x 4 CPU devices in a loopback-only "
+    "network namespace (make user-tier-jax)",
     "ray-cluster": "examples/ray_resume.py starts a Ray of its own (several seconds and processes "
     "outside this test's session); tests/ray/test_cluster.py runs it as written against the test "
     "suite's Ray cluster and checks its output",

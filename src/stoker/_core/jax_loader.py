@@ -20,7 +20,7 @@ from .._data.datasets import Dataset, is_iterable_dataset
 from .._data.rng import GeneratorLike
 from . import loader as _loader
 from .device import DeviceIterator
-from .jax_place import JaxCopier, Layout, default_sharding, import_jax
+from .jax_place import JaxCopier, Layout, default_sharding, import_jax, parts_of, probe_shape
 from .plan import LoadPlan
 
 T_co = TypeVar("T_co", covariant=True)
@@ -47,8 +47,14 @@ class DataLoader(_loader.DataLoader[T_co]):
     a process's rows, and a state resumes only on the same processes.
 
     Worker processes start with "forkserver" by default (`multiprocessing_context=None`), never
-    forked from a process whose JAX runtime runs threads; they never import JAX. A script that
-    starts workers needs the `if __name__ == "__main__":` guard, as with spawn.
+    forked from a process whose JAX runtime runs threads; they never start JAX's backend (they
+    import jax only if the main script does: forkserver imports what the script imports). A
+    script that starts workers needs the `if __name__ == "__main__":` guard, as with spawn.
+
+    In a multi-process program give `generator` (the same seed in every process): every process
+    draws the global batches, and draws from each process's own global RNG would differ (with
+    `shuffle=True` a missing generator is refused; without it, per-sample random draws, through
+    `stoker.sample_rng`, would differ between the processes' rows).
 
     Args:
         dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn,
@@ -81,7 +87,8 @@ class DataLoader(_loader.DataLoader[T_co]):
         ValueError: when `batch_size` (or a last, shorter batch with `drop_last=False`) is not
             divisible by the pieces of the batch axis, `sharding` uses no device this process
             can address, `device_prefetch` < 0, only one of `process_index`/`process_count` is
-            given or they are out of range or contradict JAX's, `pin_memory` is set, or an
+            given or they are out of range or contradict JAX's, `shuffle=True` without a
+            `generator` in a program of several processes, `pin_memory` is set, or an
             argument breaks `stoker.DataLoader`'s rules. At a batch: leaves with different
             numbers of rows (a ValueError naming them).
     """
@@ -125,6 +132,12 @@ class DataLoader(_loader.DataLoader[T_co]):
                 f"{jax.process_index()}) can address; give a sharding over a mesh that includes this process's devices"
             )
         own = _own_rows(jax, process_index, process_count)
+        if generator is None and shuffle and (jax.process_count() > 1 or own is not None):
+            raise ValueError(
+                "generator should be given (an int seed, the same in every process) when several processes "
+                "load one global batch: each draws the batches itself, and draws from each process's own "
+                "global RNG would differ (samples read twice or never)"
+            )
         self.process_index = jax.process_index() if own is None else own[0]
         self.process_count = jax.process_count() if own is None else own[1]
         self._layout = Layout(self.sharding, multiprocess=jax.process_count() > 1, own_rows=own)
@@ -301,11 +314,7 @@ def _rows_of(batch: Any) -> int | None:
 
 def _own_parts(layout: Layout) -> int:
     """How many of the batch axis's pieces this process's devices hold."""
-    shape = (1 << 20,) + (1,) * 7
-    index_map = layout.sharding.addressable_devices_indices_map(
-        shape[: max(len(getattr(layout.sharding, "spec", ())), 1)]
-    )
-    return len({(s[0].start, s[0].stop) for s in index_map.values()})
+    return parts_of(layout.sharding.addressable_devices_indices_map(probe_shape(layout.sharding)))
 
 
 def _own_rows(jax: Any, process_index: Any, process_count: Any) -> tuple[int, int] | None:

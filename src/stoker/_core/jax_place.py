@@ -64,11 +64,19 @@ def _replicated(sharding: Any) -> Any:
     return NamedSharding(Mesh(np.array(devices), ("all",)), PartitionSpec())
 
 
-def _probe_shape(sharding: Any, rows: int) -> tuple[int, ...]:
-    """A global shape of `rows` rows that `sharding` can describe (its spec's rank, or 1)."""
+def probe_shape(sharding: Any, rows: int | None = None) -> tuple[int, ...]:
+    """A global shape that `sharding` can cut on every axis (its spec's rank, or 1): `rows` rows
+    (None: a multiple of every cut's count), the other axes as long as the devices are many
+    (any cut of an axis is a product of mesh axes, which divides the number of devices)."""
     spec = getattr(sharding, "spec", None)
     rank = max(len(spec), 1) if spec is not None else 1
-    return (rows,) + (1,) * (rank - 1)
+    devices = len(sharding.device_set)
+    return (devices * 1024 if rows is None else rows,) + (devices,) * (rank - 1)
+
+
+def parts_of(index_map: Any) -> int:
+    """How many distinct pieces of the first axis a devices-to-indices map holds."""
+    return len({(s[0].start, s[0].stop) for s in index_map.values()})
 
 
 @dataclass
@@ -91,8 +99,7 @@ class Layout:
     @property
     def parts(self) -> int:
         """How many pieces the batch axis is cut into (over every process)."""
-        index_map = self.sharding.devices_indices_map(_probe_shape(self.sharding, 1 << 20))
-        return len({(s[0].start, s[0].stop) for s in index_map.values()})
+        return parts_of(self.sharding.devices_indices_map(probe_shape(self.sharding)))
 
     def check_batch(self, rows: int, what: str = "batch_size") -> None:
         """A ValueError naming `what` when a global batch of `rows` rows cannot be cut evenly."""
@@ -125,7 +132,7 @@ class Layout:
             found = (0, length)
         else:
             self.check_batch(length, "a global batch's length")
-            index_map = self.sharding.addressable_devices_indices_map(_probe_shape(self.sharding, length))
+            index_map = self.sharding.addressable_devices_indices_map(probe_shape(self.sharding, length))
             spans = sorted({(s[0].indices(length)[0], s[0].indices(length)[1]) for s in index_map.values()})
             start, stop = spans[0][0], spans[0][1]
             for begin, end in spans[1:]:
