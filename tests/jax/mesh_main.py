@@ -112,6 +112,18 @@ def run(mode: str, out: Path, processes: int, ckpt: Path, index: int) -> None:
         nnx.update((model, optimizer), restored["model"])
         done = SAVE_AT
     record: dict[str, Any] = {"steps": [], "devices": [d.id for d in jax.local_devices()]}
+    # a sharding over another process's devices only: refused, naming sharding
+    others = [d for d in jax.devices() if d.process_index != jax.process_index()]
+    if others:
+        mesh = jax.sharding.Mesh(np.array(others), ("data",))
+        try:
+            stoker.jax.DataLoader(
+                Regression(),
+                batch_size=BATCH,
+                sharding=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data")),
+            )
+        except ValueError as error:
+            record["refused"] = str(error)
     path = out / f"{mode}-{processes}-{index}.json"
     while done < STEPS:
         for batch in loader:

@@ -170,6 +170,7 @@ def test_a_spec_over_two_mesh_axes_lays_out_every_leaf() -> None:
     from jax.sharding import PartitionSpec as P
 
     mesh = jax.make_mesh((4, 2), ("data", "model"))
+
     class Wide(Samples):  # 4 features: the "model" axis cuts them in 2
         def __getitem__(self, i: int) -> dict[str, Any]:
             return {"x": np.full(4, i, np.float32), "y": np.int64(i)}

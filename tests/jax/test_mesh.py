@@ -107,6 +107,12 @@ def test_each_process_holds_the_rows_of_its_devices(runs: Any) -> None:
     assert two[0]["devices"] != two[1]["devices"]
 
 
+def test_a_sharding_over_another_process_s_devices_is_refused_naming_it(runs: Any) -> None:
+    for process in runs[("train", 2)]:
+        assert "sharding" in process["refused"] and "no device this process" in process["refused"]
+    assert "refused" not in runs[("train", 1)][0]  # one process addresses every device
+
+
 def test_the_model_trains_the_same_on_2_x_4_as_on_1_x_8(runs: Any) -> None:
     one = [s["loss"] for s in runs[("train", 1)][0]["steps"]]
     for process in runs[("train", 2)]:
