@@ -137,6 +137,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/shards_bench.py
 	$(PY) benchmarks/mix_bench.py
 	$(PY) benchmarks/cpu_normalize_faults.py
+	$(PY) benchmarks/jax_feed.py
 
 # The documentation site (docs/, mkdocs.yml) into build/site. --strict: a broken link or anchor,
 # a page left out of the nav, an unresolved API reference or a missing snippet fails.
