@@ -14,7 +14,7 @@ STAMP := $(VENV)/.installed
 # start once.
 PYTEST_WORKERS := -n auto --maxprocesses 4 --dist loadfile
 
-# The user-install tier: a venv holding only what `pip install 'stoker[torch,stream,parquet,jax]'`
+# The user-install tier: a venv holding only what `pip install 'stoker[torch,stream,parquet,jax,arrayrecord]'`
 # brings (no s3fs, boto3 or moto, which the test extras install), plus the test runner and
 # psutil (the suite's leak check). Its dependencies are installed once per change of
 # pyproject.toml; this checkout is installed into it as a wheel on every run.
@@ -66,7 +66,7 @@ $(USER_STAMP): pyproject.toml
 	rm -rf $(USER_VENV)
 	$(PYTHON) -m venv $(USER_VENV)
 	$(USER_PY) -m pip install --quiet --upgrade pip
-	$(USER_PY) -m pip install --quiet '.[torch,stream,parquet,jax]' '$(TORCH_PIN)' pytest pytest-timeout psutil
+	$(USER_PY) -m pip install --quiet '.[torch,stream,parquet,jax,arrayrecord]' '$(TORCH_PIN)' pytest pytest-timeout psutil
 	touch $(USER_STAMP)
 
 # The moto server runs from the test environment's interpreter (STOKER_S3_SERVER_PYTHON).
