@@ -104,9 +104,11 @@ def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 @pytest.mark.leaks_allowed(
     "processes",
     "fds",
+    "shm",
     reason="the blocks run PARALLEL at a time in the background while each test waits for its own: "
-    "the processes and pipes of the others come and go meanwhile; each block's own leftovers "
-    "(its session's processes) are asserted below",
+    "the processes, pipes and /dev/shm entries of the others come and go meanwhile (Grain's workers, "
+    "on the From Grain page, make named semaphores that its resource tracker removes later); each "
+    "block's own leftovers (its session's processes) are asserted below",
 )
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.where for b in BLOCKS])
 def test_example_runs(block: Block, outcomes: dict[str, Future[Outcome]]) -> None:
