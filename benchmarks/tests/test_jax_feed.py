@@ -44,7 +44,7 @@ def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, 
     there), its stdout and the JSON it wrote."""
     out = tmp_path_factory.mktemp("jax_feed") / "jax_feed.json"
     env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)  # tests/jax/conftest.py sets 8 devices in this session; the script's default is 1
+    env.pop("XLA_FLAGS", None)  # tests/jax_face/conftest.py sets 8 devices in this session; the script's default is 1
     done = subprocess.run(
         [sys.executable, str(SCRIPT), "--quick", "--workers", ",".join(map(str, WORKERS)), "--out", str(out)],
         cwd=ROOT,

@@ -1,4 +1,4 @@
-"""stoker.jax.DataLoader's bad input, on 8 CPU devices (tests/jax/conftest.py): each refused
+"""stoker.jax.DataLoader's bad input, on 8 CPU devices (tests/jax_face/conftest.py): each refused
 with the error type the API documents and a message naming the argument; a state whose streams
 were another process's refused by name, and nothing of it applied."""
 

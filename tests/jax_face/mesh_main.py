@@ -1,4 +1,4 @@
-"""One JAX program on PROCESSES processes x (8 / PROCESSES) CPU devices, for tests/jax/test_mesh.py.
+"""One JAX program on PROCESSES processes x (8 / PROCESSES) CPU devices, for tests/jax_face/test_mesh.py.
 
 `mesh_main.py world MODE OUT PROCESSES CKPT` starts the processes (jax.distributed on loopback;
 the test runs this inside a loopback-only network namespace), waits for each (killing them all

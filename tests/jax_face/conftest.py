@@ -40,9 +40,7 @@ def _skip_reason() -> str | None:
     if found >= DEVICES:
         return None
     if early:
-        why = (
-            "its backend was started before tests/jax/conftest.py set XLA_FLAGS (run tests/jax in a session of its own)"
-        )
+        why = "its backend was started before tests/jax_face/conftest.py set XLA_FLAGS (run tests/jax_face in a session of its own)"
     else:
         why = f"XLA_FLAGS is {os.environ.get('XLA_FLAGS')!r} (unset it, or give --xla_force_host_platform_device_count={DEVICES})"
     return f"the JAX tier needs {DEVICES} CPU devices, but JAX has {found}: {why}"

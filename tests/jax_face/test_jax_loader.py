@@ -1,4 +1,4 @@
-"""stoker.jax.DataLoader in one process with 8 CPU devices (tests/jax/conftest.py): a whole
+"""stoker.jax.DataLoader in one process with 8 CPU devices (tests/jax_face/conftest.py): a whole
 epoch's batches equal stoker.DataLoader's, leaf for leaf, as jax.Arrays with the requested
 sharding, for 0 and 2 workers, every start method, persistent workers or not; rank-0 leaves
 replicated, strings passed through, tuple types kept; the same batches for any
