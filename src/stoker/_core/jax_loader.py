@@ -20,7 +20,7 @@ from .._data.datasets import Dataset, is_iterable_dataset
 from .._data.rng import GeneratorLike
 from . import loader as _loader
 from .device import DeviceIterator
-from .jax_place import JaxCopier, Layout, default_sharding, import_jax, parts_of, probe_shape
+from .jax_place import JaxCopier, Layout, default_sharding, import_jax
 from .plan import LoadPlan
 
 T_co = TypeVar("T_co", covariant=True)
@@ -224,7 +224,7 @@ class DataLoader(_loader.DataLoader[T_co]):
             return None
         local = _rows_of(batch)
         if local is None or self._iterable_share or self._global_batch is None:
-            return None if local is None else local * self._layout.parts // _own_parts(self._layout)
+            return None if local is None else local * self._layout.parts // self._layout.own_parts
         start, stop = self._layout.rows(int(self._global_batch))
         return local * int(self._global_batch) // (stop - start)
 
@@ -310,11 +310,6 @@ def _rows_of(batch: Any) -> int | None:
             if found is not None:
                 return found
     return None
-
-
-def _own_parts(layout: Layout) -> int:
-    """How many of the batch axis's pieces this process's devices hold."""
-    return parts_of(layout.sharding.addressable_devices_indices_map(probe_shape(layout.sharding)))
 
 
 def _own_rows(jax: Any, process_index: Any, process_count: Any) -> tuple[int, int] | None:

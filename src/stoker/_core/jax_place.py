@@ -101,6 +101,11 @@ class Layout:
         """How many pieces the batch axis is cut into (over every process)."""
         return parts_of(self.sharding.devices_indices_map(probe_shape(self.sharding)))
 
+    @property
+    def own_parts(self) -> int:
+        """How many of those pieces this process's devices hold."""
+        return parts_of(self.sharding.addressable_devices_indices_map(probe_shape(self.sharding)))
+
     def check_batch(self, rows: int, what: str = "batch_size") -> None:
         """A ValueError naming `what` when a global batch of `rows` rows cannot be cut evenly."""
         parts = self.parts

@@ -246,18 +246,25 @@ def _check_files(paths: list[str]) -> list[tuple[int, int | None]]:
     )
 
 
+def _open_reader(module: Any, path: str) -> Any:
+    """A reader of `path` in this process, refused after a fork from a process that read
+    natively, and checked readable (array_record reports a bad file by `ok()`, not by raising)."""
+    _refuse_if_forked_after_use(path)
+    _mark_native_use()
+    try:
+        reader = module.ArrayRecordReader(path, READER_OPTIONS)
+    except Exception as exc:
+        raise _unreadable(path, str(exc)) from exc
+    if not reader.ok():
+        raise _unreadable(path, "")
+    return reader
+
+
 def _check_here(paths: list[str]) -> list[tuple[int, int | None]]:
     module = _module()
     found: list[tuple[int, int | None]] = []
     for path in paths:
-        _refuse_if_forked_after_use(path)
-        _mark_native_use()
-        try:
-            reader = module.ArrayRecordReader(path, READER_OPTIONS)
-        except Exception as exc:
-            raise _unreadable(path, str(exc)) from exc
-        if not reader.ok():
-            raise _unreadable(path, "")
+        reader = _open_reader(module, path)
         group = re.search(r"(?:^|,)group_size:(\d+)", reader.writer_options_string() or "")
         found.append((int(reader.num_records()), int(group.group(1)) if group else None))
         reader.close()
@@ -414,14 +421,7 @@ class ArrayRecordDataset(Dataset[Any]):
         module = _module()
         if not os.path.isfile(path):
             raise FileNotFoundError(errno.ENOENT, "the ArrayRecord file is gone since the dataset was made", path)
-        _refuse_if_forked_after_use(path)
-        _mark_native_use()
-        try:
-            reader = module.ArrayRecordReader(path, READER_OPTIONS)
-        except Exception as exc:
-            raise _unreadable(path, str(exc)) from exc
-        if not reader.ok():
-            raise _unreadable(path, "")
+        reader = _open_reader(module, path)
         count = int(reader.num_records())
         if count != self.record_counts[number]:
             raise CorruptShardError(
