@@ -1,8 +1,8 @@
 """W9 of `stoker-bench`: real JPEGs from disk through an ImageNet training pipeline.
 
 The files: `FILES` distinct JPEGs (quality 90) at ImageNet's common sizes, made once from the
-photographs scikit-image ships (`_vision/photos.py`; nothing downloaded) and kept in the
-system's temporary folder between runs. An epoch is `max(1024, 64 x 8 x workers)` images, so
+photographs scikit-image ships (`_vision/photos.py`; nothing downloaded) and kept under the
+clone's build/ between runs. An epoch is `max(1024, 64 x 8 x workers)` images, so
 that every worker delivers at least 8 batches (1,024 up to 2 workers, 7,168 at 14): the first
 that many of the files in a seeded shuffle, sample i reading file `i % files` once the epoch
 is longer than the files (`--quick`: 256 images). Each row reads them (shuffled, batch 64)
@@ -33,7 +33,6 @@ import os
 import resource
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -184,10 +183,12 @@ class Fused:
 
 
 def files(count: int) -> list[str]:
-    """The W9 JPEGs, made on first use in the temporary folder."""
+    """The W9 JPEGs, made on first use under the clone's build/ (kept for the next run)."""
     from stoker._vision.photos import make_jpegs
 
-    root = os.path.join(tempfile.gettempdir(), f"stoker-w9-{count}")
+    from . import REPO
+
+    root = os.path.join(REPO, "build", f"w9-jpegs-{count}")
     return make_jpegs(root, count)
 
 
@@ -274,7 +275,7 @@ def decoder_name() -> str:
     """Which decoder the fused rows used."""
     from stoker._vision import crop
 
-    if crop._simplejpeg() is None:
+    if crop.find_simplejpeg() is None:
         return "Pillow"
     if crop._cv2() is not None and crop._turbojpeg() is not None:
         return "simplejpeg (libjpeg-turbo), crop regions by TurboJPEG 3"

@@ -157,6 +157,28 @@ def test_subset_random_and_weighted_samplers() -> None:
         WeightedRandomSampler([1.0], 0)
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda generator: RandomSampler(range(30), generator=generator),
+        lambda generator: SubsetRandomSampler(list(range(30)), generator=generator),
+        lambda generator: WeightedRandomSampler([1.0] * 30, 30, replacement=False, generator=generator),
+    ],
+    ids=["RandomSampler", "SubsetRandomSampler", "WeightedRandomSampler"],
+)
+def test_a_random_samplers_generator_reads_back_and_set_starts_anew(make) -> None:
+    sampler = make(3)
+    assert sampler.generator == 3
+    list(sampler)  # the int seed's draws move on
+    sampler.generator = 3  # as accelerate does: a new source, from the start
+    assert sampler.generator == 3 and list(sampler) == list(make(3))
+    rng = np.random.default_rng(4)
+    sampler.generator = rng
+    assert sampler.generator is rng and list(sampler) == list(make(np.random.default_rng(4)))
+    with pytest.raises(TypeError, match="generator should be None, an int seed"):
+        sampler.generator = "seed"
+
+
 def test_batch_sampler_keep_discard_rollover() -> None:
     seq = SequentialSampler(range(10))
     assert list(BatchSampler(seq, 4, False))[-1] == [8, 9]

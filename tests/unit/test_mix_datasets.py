@@ -139,11 +139,11 @@ def test_exhausted_modes_end_epochs_and_start_new_mixes() -> None:
 @pytest.mark.parametrize(
     ("weights", "message", "error"),
     [
-        ([1, -1, 1], r"weights\[1\] should be >= 0, but got -1", ValueError),
+        ([1, -1, 1], r"weights\[1\] should be a finite number >= 0, but got weights\[1\]=-1", ValueError),
         ([0, 0, 0], "weights should have a positive entry, but got all zero", ValueError),
         ([1, 1], r"weights should have one entry per source \(3\), but got 2 entries", ValueError),
-        ([1, float("nan"), 1], r"weights\[1\] should be finite, but got nan", ValueError),
-        ([1, "x", 1], r"weights\[1\] should be a number, but got 'x'", TypeError),
+        ([1, float("nan"), 1], r"weights\[1\] should be a finite number >= 0, but got weights\[1\]=nan", ValueError),
+        ([1, "x", 1], r"weights\[1\] should be a finite number >= 0, but got weights\[1\]='x'", TypeError),
         (
             [(0, [1, 1, 1]), (0, [1, 2, 1])],
             r"starts should be 0 then strictly increasing, but got \[0, 0\]",
@@ -163,13 +163,13 @@ def test_bad_weights_are_refused_naming_them(weights: list[object], message: str
 
 def test_bad_mix_arguments_are_refused() -> None:
     srcs = corpus()
-    with pytest.raises(ValueError, match=r"weigh should be one of \('documents', 'tokens'\), but got weigh='bytes'"):
+    with pytest.raises(ValueError, match=r"weigh should be 'documents' or 'tokens', but got weigh='bytes'"):
         MixedDataset(srcs, [1, 1, 1], weigh="bytes")
-    with pytest.raises(ValueError, match=r"exhausted should be one of .*, but got exhausted='loop'"):
+    with pytest.raises(ValueError, match=r"exhausted should be 'repeat', 'stop' or 'end', but got exhausted='loop'"):
         MixedDataset(srcs, [1, 1, 1], exhausted="loop")
     with pytest.raises(ValueError, match="seed should be an int >= 0, but got seed=-1"):
         MixedDataset(srcs, [1, 1, 1], seed=-1)
-    with pytest.raises(TypeError, match="seed should be an int, but got float"):
+    with pytest.raises(TypeError, match=r"seed should be an int >= 0, but got seed=1\.5"):
         MixedDataset(srcs, [1, 1, 1], seed=1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="sources should be a non-empty list of datasets, but got an empty one"):
         MixedDataset([], [])
@@ -177,7 +177,7 @@ def test_bad_mix_arguments_are_refused() -> None:
         MixedDataset("abc", [1, 1, 1])
     with pytest.raises(TypeError, match=r"sources\[1\] should be a map-style dataset .*, but got int"):
         MixedDataset([srcs[0], 5], [1, 1])
-    with pytest.raises(TypeError, match="window_shards should be an int, but got str"):
+    with pytest.raises(TypeError, match="window_shards should be an int >= 1, but got window_shards='4'"):
         MixedDataset(srcs, [1, 1, 1], window_shards="4")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="window_shards should be an int >= 1, but got window_shards=0"):
         MixedDataset(srcs, [1, 1, 1], window_shards=0)
@@ -185,6 +185,10 @@ def test_bad_mix_arguments_are_refused() -> None:
         MixedDataset([srcs[0], TokenDataset.from_documents([])], [1, 1])
     with pytest.raises(ValueError, match=r"length should be at most the mix's \d+ positions, but got length=999"):
         MixedDataset(srcs, [1, 1, 1], exhausted="end", length=999)
+    with pytest.raises(TypeError, match="length should be an int >= 1 or None, but got length='9'"):
+        MixedDataset(srcs, [1, 1, 1], exhausted="end", length="9")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="length should be an int >= 1 or None, but got length=0"):
+        MixedDataset(srcs, [1, 1, 1], length=0)
     with pytest.raises(ValueError, match=r"tokens should have one entry per source \(3\), but got 2 entries"):
         MixedDataset(srcs, [1, 1, 1], weigh="tokens", tokens=[5, 5])
     with pytest.raises(IndexError, match="position -1 is negative"):
@@ -292,19 +296,19 @@ def test_a_bad_document_names_its_source_and_index_when_packed() -> None:
 
 def test_packed_arguments_are_checked() -> None:
     docs = corpus((10,))[0]
-    with pytest.raises(TypeError, match="seq_len should be an int, but got float"):
+    with pytest.raises(TypeError, match=r"seq_len should be an int >= 1, but got seq_len=2\.5"):
         PackedDataset(docs, seq_len=2.5)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="seq_len should be >= 1, but got 0"):
+    with pytest.raises(ValueError, match="seq_len should be an int >= 1, but got seq_len=0"):
         PackedDataset(docs, seq_len=0)
-    with pytest.raises(ValueError, match=r"window_size \(K\) should be >= 1, but got 0"):
+    with pytest.raises(ValueError, match="window_size should be an int >= 1, but got window_size=0"):
         PackedDataset(docs, seq_len=8, window_size=0)
-    with pytest.raises(ValueError, match=r"method should be one of .*, but got method='worst_fit'"):
+    with pytest.raises(ValueError, match=r"method should be 'greedy' or 'best_fit', but got method='worst_fit'"):
         PackedDataset(docs, seq_len=8, method="worst_fit")
-    with pytest.raises(ValueError, match=r"long should be one of .*, but got long='truncate'"):
+    with pytest.raises(ValueError, match=r"long should be 'split' or 'drop', but got long='truncate'"):
         PackedDataset(docs, seq_len=8, long="truncate")
-    with pytest.raises(TypeError, match="field should be a str or None, but got int"):
+    with pytest.raises(TypeError, match="field should be a str or None, but got field=3"):
         PackedDataset(docs, seq_len=8, field=3)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="rows_per_epoch should be >= 1, but got 0"):
+    with pytest.raises(ValueError, match="rows_per_epoch should be an int >= 1, but got rows_per_epoch=0"):
         PackedDataset(docs, seq_len=8, rows_per_epoch=0)
     with pytest.raises(ValueError, match="no documents"):
         PackedDataset(TokenDataset.from_documents([]), seq_len=8, rows_per_epoch=3)

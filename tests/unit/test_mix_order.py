@@ -179,12 +179,13 @@ def test_stop_renormalises():
 
 def test_bad_weights():
     for bad, words, error in [
-        ([1, -1], "should be >= 0", ValueError),
+        ([1, -1], "should be a finite number >= 0, but got weights[1]=-1", ValueError),
         ([0, 0], "all zero", ValueError),
         ([1], "per source (2)", ValueError),
         ([1, 2, 3], "per source (2)", ValueError),
-        ([1, float("nan")], "should be finite", ValueError),
-        ([1, "x"], "should be a number", TypeError),
+        ([1, float("nan")], "should be a finite number >= 0, but got weights[1]=nan", ValueError),
+        ([1, "x"], "should be a finite number >= 0, but got weights[1]='x'", TypeError),
+        ([1, True], "should be a finite number >= 0, but got weights[1]=True", TypeError),
     ]:
         with pytest.raises(error, match="weights") as info:
             WeightedMix([5, 5], bad)

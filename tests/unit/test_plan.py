@@ -4,6 +4,7 @@ message against torch's, are in test_loader.py."""
 
 from __future__ import annotations
 
+import inspect
 import multiprocessing
 from typing import Any
 
@@ -18,6 +19,7 @@ from stoker._core.plan import (
     check_flags,
     check_last_batch,
     default_sampler,
+    resolve_arguments,
     resolve_batch_size,
     resolve_batchify,
     resolve_batching,
@@ -278,3 +280,94 @@ def test_collate_given_or_the_flavours_default() -> None:
     st = pytest.importorskip("stoker.torch", exc_type=ImportError)
     assert resolve_collate(st.DataLoader, None, True) is st.default_collate
     assert resolve_collate(st.DataLoader, None, False) is st.default_convert
+
+
+# ------------------------------------------------------------------ all of them at once
+def constructor_defaults() -> dict[str, Any]:
+    """Every argument of `DataLoader.__init__` but the dataset, at its default."""
+    parameters = inspect.signature(stoker.DataLoader.__init__).parameters
+    return {name: p.default for name, p in parameters.items() if name not in ("self", "dataset")}
+
+
+def test_resolve_arguments_takes_every_constructor_argument() -> None:
+    taken = set(inspect.signature(resolve_arguments).parameters) - {"flavour"}
+    assert taken == set(inspect.signature(stoker.DataLoader.__init__).parameters) - {"self"}
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {},
+        {"batch_size": 3, "shuffle": True, "generator": 7, "last_batch": "rollover"},
+        {"num_workers": 2, "prefetch_factor": 3, "persistent_workers": True, "auto_reload": True, "timeout": 2.5},
+        {"num_workers": "auto", "multiprocessing_context": "spawn", "pin_memory": 1, "snapshot_every_n_steps": 4},
+        {"batch_size": None, "batchify_fn": list, "in_order": False, "thread_pool": True, "num_workers": 1},
+        {"batch_sampler": [[0, 1], [2]], "stats": False, "seed_each_batch": True, "max_worker_restarts": 2},
+    ],
+)
+def test_arguments_are_what_the_loader_keeps(given: dict[str, Any]) -> None:
+    """Each field of `Arguments` is the loader's attribute of that name, with the same value."""
+    dataset = Squares()
+    made = resolve_arguments(stoker.DataLoader, dataset, **{**constructor_defaults(), **given})
+    loader = stoker.DataLoader(dataset, **given)
+    kept = {
+        "dataset": made.dataset,
+        "num_workers": made.num_workers,
+        "prefetch_factor": made.workers.prefetch_factor,
+        "timeout": made.workers.timeout,
+        "max_worker_restarts": made.workers.max_worker_restarts,
+        "persistent_workers": made.workers.persistent_workers,
+        "auto_reload": made.workers.auto_reload,
+        "_auto": made.workers.auto,
+        "pin_memory": made.pin_memory,
+        "pin_memory_device": made.pin_memory_device,
+        "worker_init_fn": made.worker_init_fn,
+        "multiprocessing_context": made.multiprocessing_context,
+        "in_order": made.in_order,
+        "thread_pool": made.thread_pool,
+        "seed_each_batch": made.seed_each_batch,
+        "stats_enabled": made.stats,
+        "progress": made.progress,
+        "snapshot_every_n_steps": made.snapshot_every_n_steps,
+        "_iterable": made.batching.iterable,
+        "_dataset_kind": made.dataset_kind,
+        "batch_size": made.batching.batch_size,
+        "drop_last": made.batching.drop_last,
+        "last_batch": made.last_batch,
+        "generator": made.generator,
+        "_ranks": made.ranks,
+        "collate_fn": made.collate_fn,
+    }
+    for name, value in kept.items():
+        attribute = getattr(loader, name)
+        assert type(attribute) is type(value) and attribute == value, name
+    # the samplers are made anew by each resolution: the same kinds, the same order
+    for name in ("sampler", "batch_sampler"):
+        ours, theirs = getattr(made.batching, name), getattr(loader, name)
+        assert type(ours) is type(theirs), name
+    if made.batching.batch_sampler is not None:
+        assert list(made.batching.batch_sampler) == list(loader.batch_sampler)
+
+
+# two bad arguments, each pair one step apart in the module's table: the earlier step's error wins
+FIRST_OF_TWO = [
+    ({"num_workers": -1, "collate_fn": 3}, ValueError, "num_workers option should be non-negative"),
+    ({"collate_fn": 3, "in_order": 1}, TypeError, "collate_fn should be a callable or None"),
+    ({"in_order": 1, "pin_memory": "pinned"}, TypeError, "in_order should be True or False"),
+    ({"pin_memory": "pinned", "generator": "seed"}, ValueError, "pin_memory"),
+    ({"generator": "seed", "collate_fn": list, "batchify_fn": list}, TypeError, "generator should be None, an int"),
+    ({"collate_fn": list, "batchify_fn": list, "last_batch": "wrap"}, ValueError, "collate_fn and batchify_fn"),
+    ({"last_batch": "wrap", "multiprocessing_context": "spawn"}, ValueError, "last_batch should be one of"),
+    ({"multiprocessing_context": "spawn", "snapshot_every_n_steps": -1}, ValueError, "multiprocessing_context can"),
+    ({"snapshot_every_n_steps": -1, "sampler": [0], "shuffle": True}, ValueError, "snapshot_every_n_steps should"),
+    ({"sampler": [0], "shuffle": True}, ValueError, "sampler option is mutually exclusive with shuffle"),
+]
+
+
+@pytest.mark.parametrize(("given", "error", "match"), FIRST_OF_TWO)
+def test_arguments_raise_the_first_error_in_the_steps_order(given: dict[str, Any], error: type, match: str) -> None:
+    with pytest.raises(error, match=match) as resolved:
+        resolve_arguments(stoker.DataLoader, Squares(), **{**constructor_defaults(), **given})
+    with pytest.raises(error) as constructed:
+        stoker.DataLoader(Squares(), **given)
+    assert str(constructed.value) == str(resolved.value)  # the constructor is that resolution

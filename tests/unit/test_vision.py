@@ -99,7 +99,7 @@ def test_fused_decode_matches_a_full_resolution_decode_of_the_same_box(
 def test_the_fused_path_is_decoded_at_a_reduced_scale(monkeypatch: pytest.MonkeyPatch) -> None:
     """A crop shrunk more than 2x is decoded at half size or less (not decoded in full)."""
     data = jpeg(PHOTOS[0], (1024, 768))
-    turbo = _crop._simplejpeg()
+    turbo = _crop.find_simplejpeg()
     decoded: list[tuple[int, int]] = []
     if turbo is not None:
         real = turbo.decode_jpeg
@@ -113,7 +113,7 @@ def test_the_fused_path_is_decoded_at_a_reduced_scale(monkeypatch: pytest.Monkey
                 decoded.append(pixels.shape[:2])
                 return pixels
 
-        monkeypatch.setattr(_crop, "_simplejpeg", lambda: Spy())
+        monkeypatch.setattr(_crop, "find_simplejpeg", lambda: Spy())
     else:  # Pillow's draft
         real_draft = Image.Image.draft
 
@@ -639,13 +639,13 @@ def test_exif_is_found_by_walking_the_segments_before_the_scan() -> None:
     out = io.BytesIO()
     Image.open(io.BytesIO(plain)).save(out, "JPEG", exif=exif, icc_profile=b"\0" * 300)
     tagged = out.getvalue()
-    assert not _crop._may_be_rotated(plain)
-    assert _crop._may_be_rotated(tagged)
+    assert not _crop.may_be_rotated(plain)
+    assert _crop.may_be_rotated(tagged)
     # "Exif" in the pixels' data is not an EXIF segment
-    assert not _crop._may_be_rotated(plain[:-2] + b"Exif\x00\x00" + plain[-2:])
+    assert not _crop.may_be_rotated(plain[:-2] + b"Exif\x00\x00" + plain[-2:])
     # a header that cannot be walked: the search over the first 64 KiB decides
-    assert _crop._may_be_rotated(b"\xff\xd8\x00garbage Exif\x00\x00 more")
-    assert not _crop._may_be_rotated(b"\xff\xd8\x00garbage")
+    assert _crop.may_be_rotated(b"\xff\xd8\x00garbage Exif\x00\x00 more")
+    assert not _crop.may_be_rotated(b"\xff\xd8\x00garbage")
 
 
 def test_a_box_decoded_at_a_reduced_scale_is_sampled_at_its_exact_edges() -> None:

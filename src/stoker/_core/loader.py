@@ -1,9 +1,10 @@
 """`DataLoader`: torch's arguments, checked with torch's exception types and wording, plus
 MXNet Gluon's `last_batch`, `batchify_fn` and `thread_pool`.
 
-The loader itself holds configuration only: its constructor is the named steps of argument
-resolution in `plan.py`, and `iter(loader)` hands a `LoadPlan` (one frozen value) to a new
-`LoaderIterator`, or starts the next epoch of its persistent one.
+The loader itself holds configuration only: its constructor is one call to
+`plan.resolve_arguments` (every check and default of its arguments, in torch's order) and the
+assignment of what it returns to attributes; `iter(loader)` hands a `LoadPlan` (one frozen
+value) to a new `LoaderIterator`, or starts the next epoch of its persistent one.
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ from collections.abc import Callable, Iterable, Sequence
 from types import SimpleNamespace
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
-from .._base.checks import check_int
 from .._data import collate as _collate
 from .._data.datasets import Dataset
 from .._data.distributed import ranks, shards_by_rank, torch_distributed_world
-from .._data.rng import GeneratorLike, RandomSource, check_generator
+from .._data.rng import GeneratorLike, RandomSource
 from .._data.samplers import (
     BatchSampler,
     InfiniteConstantSampler,
@@ -33,26 +33,12 @@ from .._data.samplers import (
     native_index_sampler,
 )
 from .arena import Arena, arena_limit
-from .auto import Auto, AutoStart, Choice, choose, start_workers
+from .auto import Auto, AutoStart, Choice, choose
 from .errors import ReplicaUnsaved, UnshardedWarning
 from .forkserver import prepare_forkserver
 from .hostpin import BORN
 from .iterator import LoaderIterator
-from .plan import (
-    Batching,
-    LoadPlan,
-    Workers,
-    check_callables,
-    check_flags,
-    check_last_batch,
-    resolve_batchify,
-    resolve_batching,
-    resolve_collate,
-    resolve_context,
-    resolve_pin_memory,
-    resolve_ranks,
-    resolve_workers,
-)
+from .plan import Arguments, LoadPlan, resolve_arguments, resolve_context, usable_cpus
 from .replica import Kept, records, replica_part
 from .resume import (
     ELASTIC_KEYS,
@@ -73,16 +59,6 @@ T_co = TypeVar("T_co", covariant=True)
 
 
 _READ_ONLY = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
-
-
-def usable_cpus() -> int | None:
-    """CPUs this process may run on (its affinity mask), or None when unknown."""
-    if hasattr(os, "sched_getaffinity"):
-        try:
-            return len(os.sched_getaffinity(0))
-        except OSError:
-            pass
-    return os.cpu_count()
 
 
 def start_method_of(context: multiprocessing.context.BaseContext | str | None) -> str:
@@ -316,69 +292,49 @@ class DataLoader(Generic[T_co]):
         progress: bool = False,
         snapshot_every_n_steps: int = 1,
     ) -> None:
-        workers = resolve_workers(
-            num_workers,
-            prefetch_factor,
-            timeout=timeout,
-            max_worker_restarts=max_worker_restarts,
-            persistent_workers=persistent_workers,
-            auto_reload=auto_reload,
-        )
-        check_callables(collate_fn, batchify_fn, worker_init_fn)
-        check_flags(
-            workers,
-            in_order=in_order,
-            thread_pool=thread_pool,
-            seed_each_batch=seed_each_batch,
-            stats=stats,
-            progress=progress,
-        )
-        pin = resolve_pin_memory(pin_memory, pin_memory_device)
-        check_generator(generator)
-        given_collate = resolve_batchify(collate_fn, batchify_fn)
-        check_last_batch(last_batch)
-
-        self.dataset = dataset
-        self._keep_workers(workers)
-        self.pin_memory = pin
-        self.pin_memory_device = pin_memory_device
-        self.worker_init_fn = worker_init_fn
-        self.multiprocessing_context = multiprocessing_context  # checked against num_workers
-        self.in_order = in_order
-        self.thread_pool = thread_pool
-        self.seed_each_batch = seed_each_batch
-        self.stats_enabled = stats
-        self.progress = progress
-        self.snapshot_every_n_steps = check_int("snapshot_every_n_steps", snapshot_every_n_steps, low=0)
-        batching = resolve_batching(
+        arguments = resolve_arguments(
             type(self),
             dataset,
             batch_size=batch_size,
             shuffle=shuffle,
             sampler=sampler,
             batch_sampler=batch_sampler,
+            num_workers=num_workers,
+            collate_fn=collate_fn,
+            pin_memory=pin_memory,
             drop_last=drop_last,
-            last_batch=last_batch,
+            timeout=timeout,
+            worker_init_fn=worker_init_fn,
+            multiprocessing_context=multiprocessing_context,
             generator=generator,
+            prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers,
+            pin_memory_device=pin_memory_device,
+            in_order=in_order,
+            last_batch=last_batch,
+            batchify_fn=batchify_fn,
+            thread_pool=thread_pool,
+            auto_reload=auto_reload,
+            max_worker_restarts=max_worker_restarts,
+            seed_each_batch=seed_each_batch,
+            stats=stats,
+            progress=progress,
+            snapshot_every_n_steps=snapshot_every_n_steps,
         )
-        self._keep_batching(batching)
-        # as given (None: drop_last says), so that a framework re-creating the loader from its
-        # attributes passes what the user passed
-        self.last_batch = last_batch
-        self.generator = generator
-        self._ranks = resolve_ranks(batching.index_sampler)
-        self.collate_fn = resolve_collate(type(self), given_collate, batching.auto_collation)
+        self._keep(arguments)
         self._start_fresh()
         self.__initialized = True
+        workers = arguments.workers
         if not workers.auto_workers:
             warn_if_too_many_workers(workers.given, stacklevel=2)
         if workers.given > 0 and not thread_pool and self._start_method() == "forkserver":
             prepare_forkserver(dataset, self.collate_fn, start=True)  # imports overlap the caller's set-up
 
-    def _keep_workers(self, workers: Workers) -> None:
-        """The workers' arguments as attributes, under torch's names."""
-        # "auto": until the choice, the count it starts from (an int, as torch's attribute is)
-        self.num_workers = Auto(start_workers(usable_cpus() or 1)) if workers.auto_workers else workers.given
+    def _keep(self, arguments: Arguments) -> None:
+        """The resolved arguments as attributes, under torch's names."""
+        self.dataset = arguments.dataset
+        workers = arguments.workers
+        self.num_workers = arguments.num_workers
         self.prefetch_factor = workers.prefetch_factor
         self._auto = workers.auto
         self._choice: str | None = None  # what "auto" chose, and why
@@ -386,15 +342,27 @@ class DataLoader(Generic[T_co]):
         self.max_worker_restarts = workers.max_worker_restarts
         self.persistent_workers = workers.persistent_workers
         self.auto_reload = workers.auto_reload
-
-    def _keep_batching(self, batching: Batching) -> None:
-        """The samplers and batch size as attributes, with torch's `_dataset_kind`."""
+        self.pin_memory = arguments.pin_memory
+        self.pin_memory_device = arguments.pin_memory_device
+        self.worker_init_fn = arguments.worker_init_fn
+        self.__multiprocessing_context = arguments.multiprocessing_context  # resolved: no setter
+        self.in_order = arguments.in_order
+        self.thread_pool = arguments.thread_pool
+        self.seed_each_batch = arguments.seed_each_batch
+        self.stats_enabled = arguments.stats
+        self.progress = arguments.progress
+        self.snapshot_every_n_steps = arguments.snapshot_every_n_steps
+        batching = arguments.batching
         self._iterable = batching.iterable
-        self._dataset_kind = self._kind_of(batching.iterable)
+        self._dataset_kind = arguments.dataset_kind
         self.batch_size = batching.batch_size
         self.drop_last = batching.drop_last
         self.sampler = batching.sampler
         self.batch_sampler = batching.batch_sampler
+        self.last_batch = arguments.last_batch
+        self.generator = arguments.generator
+        self._ranks = arguments.ranks
+        self.collate_fn = arguments.collate_fn
 
     def _start_fresh(self) -> None:
         """No iterator, arena or epoch yet: the state the loader's life then changes."""

@@ -1,10 +1,11 @@
 """The loader's arguments resolved into what its iterators read.
 
-`DataLoader.__init__` is the steps below, in this order: each takes arguments as the user
-gave them, raises torch's exception type and wording for a bad one, and returns a small
-frozen value or the value the loader keeps as its attribute. The order is part of the
-behaviour: an argument list with two errors raises the one checked first, the one torch
-raises where both arguments are torch's.
+`DataLoader.__init__` is one call, `resolve_arguments`, and the assignment of the `Arguments`
+it returns: every check and default of its arguments is made here, by the steps below in this
+order. Each step takes arguments as the user gave them, raises torch's exception type and
+wording for a bad one, and returns a small frozen value or an attribute's value. The order is
+part of the behaviour: of two bad arguments, the one checked first is raised (torch's choice
+where both are torch's).
 
 ```
  resolve_workers     num_workers, prefetch_factor ("auto" too), timeout,   → Workers
@@ -16,6 +17,7 @@ raises where both arguments are torch's.
  resolve_batchify    collate_fn or batchify_fn                             → the one given
  check_last_batch    last_batch's value
  resolve_context     multiprocessing_context (also when it is set later)   → a context
+ check_int           snapshot_every_n_steps
  resolve_batching    the dataset's kind, shuffle, sampler, batch_sampler,  → Batching
                      batch_size, drop_last, last_batch
  resolve_ranks       the training rank the workers' seeds mix in           → (rank, world, local)
@@ -23,7 +25,8 @@ raises where both arguments are torch's.
 ```
 
 Where the two flavours differ (the samplers made by default, whether an iterable dataset
-takes `shuffle` itself, the default collate), a step asks the loader's class, a `Flavour`.
+takes `shuffle` itself, the default collate, `_dataset_kind`), a step asks the loader's
+class, a `Flavour`.
 
 `LoadPlan` is what each new iterator then gets (`DataLoader._plan()`): everything the
 iterator and the engines read from the loader, as one frozen value, so that neither imports
@@ -33,6 +36,7 @@ the loader nor touches its attributes.
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.context import BaseContext
@@ -41,8 +45,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from .._base.checks import check_bool, check_callable, check_int
 from .._data.datasets import is_iterable_dataset
 from .._data.distributed import ranks, torch_distributed_world
+from .._data.rng import check_generator
 from .._data.samplers import LAST_BATCH_CHOICES, native_index_sampler
-from .auto import START_PREFETCH, Auto
+from .auto import START_PREFETCH, Auto, start_workers
 from .hostpin import check_pin_memory
 from .resume import distributed_sampler
 from .stats import require_tqdm
@@ -119,6 +124,9 @@ class Flavour(Protocol):
 
     _random_sampler_cls: type[Any]
     _sequential_sampler_cls: type[Any]
+
+    @staticmethod
+    def _kind_of(iterable: bool) -> Any: ...
 
     @staticmethod
     def _shuffles_itself(dataset: Any, shuffle: bool) -> bool: ...
@@ -454,3 +462,134 @@ def resolve_collate(flavour: Flavour, collate_fn: Any, auto_collation: bool) -> 
     if collate_fn is not None:
         return collate_fn
     return flavour._default_collate() if auto_collation else flavour._default_convert()
+
+
+def usable_cpus() -> int | None:
+    """CPUs this process may run on (its affinity mask), or None when unknown."""
+    if hasattr(os, "sched_getaffinity"):
+        try:
+            return len(os.sched_getaffinity(0))
+        except OSError:
+            pass
+    return os.cpu_count()
+
+
+@dataclass(frozen=True)
+class Arguments:
+    """`DataLoader.__init__`'s arguments checked, with their defaults applied: each field is the
+    value of the loader's attribute of that name, and `workers` and `batching` hold the values of
+    the workers' and the batching's attributes (`Workers`, `Batching`)."""
+
+    dataset: Any
+    workers: Workers
+    num_workers: int  # with "auto": an `Auto`, the count it starts from until it chooses
+    pin_memory: bool | Literal["born"]
+    pin_memory_device: str
+    worker_init_fn: Callable[[int], None] | None
+    multiprocessing_context: BaseContext | None  # a start method's name reads back as its context
+    in_order: bool
+    thread_pool: bool
+    seed_each_batch: bool
+    stats: bool
+    progress: bool
+    snapshot_every_n_steps: int
+    batching: Batching
+    dataset_kind: Any  # the flavour's value for `_dataset_kind`
+    last_batch: str | None  # as given (None: drop_last says): a loader re-made from attributes gets it
+    generator: Any
+    ranks: tuple[int, int, int | None]
+    collate_fn: Callable[[Any], Any]
+
+
+def resolve_arguments(
+    flavour: Flavour,
+    dataset: Any,
+    *,
+    batch_size: Any,
+    shuffle: Any,
+    sampler: Any,
+    batch_sampler: Any,
+    num_workers: Any,
+    collate_fn: Any,
+    pin_memory: Any,
+    drop_last: Any,
+    timeout: Any,
+    worker_init_fn: Any,
+    multiprocessing_context: Any,
+    generator: Any,
+    prefetch_factor: Any,
+    persistent_workers: Any,
+    pin_memory_device: Any,
+    in_order: Any,
+    last_batch: Any,
+    batchify_fn: Any,
+    thread_pool: Any,
+    auto_reload: Any,
+    max_worker_restarts: Any,
+    seed_each_batch: Any,
+    stats: Any,
+    progress: Any,
+    snapshot_every_n_steps: Any,
+) -> Arguments:
+    """`DataLoader.__init__`'s arguments, as the user gave them, checked and resolved by the
+    steps of this module's table in its order; `flavour` is the loader's class.
+
+    Raises:
+        TypeError, ValueError, ImportError: as `DataLoader` says, for the first bad argument in
+            the steps' order.
+    """
+    workers = resolve_workers(
+        num_workers,
+        prefetch_factor,
+        timeout=timeout,
+        max_worker_restarts=max_worker_restarts,
+        persistent_workers=persistent_workers,
+        auto_reload=auto_reload,
+    )
+    check_callables(collate_fn, batchify_fn, worker_init_fn)
+    check_flags(
+        workers,
+        in_order=in_order,
+        thread_pool=thread_pool,
+        seed_each_batch=seed_each_batch,
+        stats=stats,
+        progress=progress,
+    )
+    pin = resolve_pin_memory(pin_memory, pin_memory_device)
+    check_generator(generator)
+    given_collate = resolve_batchify(collate_fn, batchify_fn)
+    check_last_batch(last_batch)
+    context = resolve_context(multiprocessing_context, workers.given, auto=workers.auto is not None)
+    snapshot_every = check_int("snapshot_every_n_steps", snapshot_every_n_steps, low=0)
+    batching = resolve_batching(
+        flavour,
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        sampler=sampler,
+        batch_sampler=batch_sampler,
+        drop_last=drop_last,
+        last_batch=last_batch,
+        generator=generator,
+    )
+    return Arguments(
+        dataset=dataset,
+        workers=workers,
+        num_workers=Auto(start_workers(usable_cpus() or 1)) if workers.auto_workers else workers.given,
+        pin_memory=pin,
+        pin_memory_device=pin_memory_device,
+        worker_init_fn=worker_init_fn,
+        multiprocessing_context=context,
+        in_order=in_order,
+        thread_pool=thread_pool,
+        seed_each_batch=seed_each_batch,
+        stats=stats,
+        progress=progress,
+        snapshot_every_n_steps=snapshot_every,
+        batching=batching,
+        dataset_kind=flavour._kind_of(batching.iterable),
+        last_batch=last_batch,
+        generator=generator,
+        ranks=resolve_ranks(batching.index_sampler),
+        collate_fn=resolve_collate(flavour, given_collate, batching.auto_collation),
+    )

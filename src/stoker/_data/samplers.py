@@ -46,6 +46,24 @@ class Sampler(Generic[T_co]):
         raise NotImplementedError(f"{type(self).__name__} must define __iter__")
 
 
+class DrawsFromGenerator:
+    """What the random samplers share: a `generator` attribute that reads back as given and,
+    set (by the sampler's constructor, or by a framework: accelerate gives each rank one
+    synchronised generator), starts a new `RandomSource` for the flavour's draws."""
+
+    _flavour = "numpy"  # where generator=None draws: numpy's global RNG ("torch": torch's)
+    _source: RandomSource
+
+    @property
+    def generator(self) -> GeneratorLike:
+        """The generator the order is drawn from, as given; setting it starts a new source."""
+        return self._source.generator
+
+    @generator.setter
+    def generator(self, generator: GeneratorLike) -> None:
+        self._source = RandomSource(generator, type(self)._flavour)
+
+
 class SequentialSampler(Sampler[int]):
     """Indices 0, 1, ..., len(data_source) - 1, in order.
 
@@ -67,7 +85,7 @@ class SequentialSampler(Sampler[int]):
         return len(self.data_source)
 
 
-class RandomSampler(Sampler[int]):
+class RandomSampler(DrawsFromGenerator, Sampler[int]):
     """A random order of the dataset's indices; with `replacement`, `num_samples` draws.
 
     The epoch's order is drawn at its iterator's first step, as in torch.
@@ -90,8 +108,6 @@ class RandomSampler(Sampler[int]):
             and `num_samples` is None, or when an int seed is negative.
     """
 
-    _flavour = "numpy"
-
     def __init__(
         self,
         data_source: Sized,
@@ -102,23 +118,13 @@ class RandomSampler(Sampler[int]):
         self.data_source = data_source
         self.replacement = replacement
         self._num_samples = num_samples
-        self._source = RandomSource(generator, type(self)._flavour)
+        self.generator = generator
         if not isinstance(self.replacement, bool):
             raise TypeError(f"replacement should be a boolean value, but got replacement={self.replacement}")
         if num_samples is not None:
             _positive_int(num_samples, "num_samples")
         elif len(data_source) <= 0:
             raise ValueError(f"num_samples should be a positive integer value, but got num_samples={len(data_source)}")
-
-    @property
-    def generator(self) -> GeneratorLike:
-        """The generator the order is drawn from, as given; setting it starts a new source."""
-        return self._source.generator
-
-    @generator.setter
-    def generator(self, generator: GeneratorLike) -> None:
-        # frameworks set it (accelerate gives each rank one synchronised generator)
-        self._source = RandomSource(generator, type(self)._flavour)
 
     @property
     def num_samples(self) -> int:
@@ -146,7 +152,7 @@ class RandomSampler(Sampler[int]):
         return self.num_samples
 
 
-class SubsetRandomSampler(Sampler[int]):
+class SubsetRandomSampler(DrawsFromGenerator, Sampler[int]):
     """The given indices in a random order, without replacement.
 
     Args:
@@ -161,21 +167,9 @@ class SubsetRandomSampler(Sampler[int]):
         ValueError: when an int seed is negative.
     """
 
-    _flavour = "numpy"
-
     def __init__(self, indices: Sequence[int], generator: GeneratorLike = None) -> None:
         self.indices = indices
-        self._source = RandomSource(generator, type(self)._flavour)
-
-    @property
-    def generator(self) -> GeneratorLike:
-        """The generator the order is drawn from, as given; setting it starts a new source."""
-        return self._source.generator
-
-    @generator.setter
-    def generator(self, generator: GeneratorLike) -> None:
-        # frameworks set it (accelerate gives each rank one synchronised generator)
-        self._source = RandomSource(generator, type(self)._flavour)
+        self.generator = generator
 
     def __iter__(self) -> Iterator[int]:
         indices = self.indices
@@ -191,7 +185,7 @@ class SubsetRandomSampler(Sampler[int]):
         return len(self.indices)
 
 
-class WeightedRandomSampler(Sampler[int]):
+class WeightedRandomSampler(DrawsFromGenerator, Sampler[int]):
     """`num_samples` indices drawn with probability proportional to `weights`.
 
     Args:
@@ -211,8 +205,6 @@ class WeightedRandomSampler(Sampler[int]):
             or when `num_samples` exceeds the non-zero weights without replacement.
         TypeError: when `generator` is of another kind.
     """
-
-    _flavour = "numpy"
 
     def __init__(
         self,
@@ -238,17 +230,7 @@ class WeightedRandomSampler(Sampler[int]):
         self._array = array
         self.num_samples = int(num_samples)
         self.replacement = replacement
-        self._source = RandomSource(generator, type(self)._flavour)
-
-    @property
-    def generator(self) -> GeneratorLike:
-        """The generator the order is drawn from, as given; setting it starts a new source."""
-        return self._source.generator
-
-    @generator.setter
-    def generator(self, generator: GeneratorLike) -> None:
-        # frameworks set it (accelerate gives each rank one synchronised generator)
-        self._source = RandomSource(generator, type(self)._flavour)
+        self.generator = generator
 
     def __iter__(self) -> Iterator[int]:
         yield from self._source.draws().multinomial(self._array, self.num_samples, self.replacement)

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .._base.checks import check_choice, check_int, fail
 from .._base.hooks import HasShards, KnowsLengths, follows, upcoming_of
 from .._data.datasets import Dataset
 from .._data.identity import describe_data, prefixed
@@ -108,25 +109,16 @@ class MixedDataset(Dataset[Any]):
                 raise TypeError(
                     f"sources[{i}] should be a map-style dataset (with __len__ and __getitem__), but got {type(src).__name__}"
                 )
-        if weigh not in WEIGH:
-            raise ValueError(f"weigh should be one of {WEIGH}, but got weigh={weigh!r}")
-        if exhausted not in MODES:
-            raise ValueError(f"exhausted should be one of {MODES}, but got exhausted={exhausted!r}")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-            raise TypeError(f"seed should be an int, but got {type(seed).__name__}")
-        if seed < 0:
-            raise ValueError(f"seed should be an int >= 0, but got seed={seed!r}")
+        check_choice("weigh", weigh, WEIGH)
+        check_choice("exhausted", exhausted, MODES)
+        seed = int(check_int("seed", seed, low=0))
         self.sources = list(sources)
         self.sizes = [len(s) for s in self.sources]
-        self.weigh, self.exhausted, self.seed = weigh, exhausted, int(seed)
+        self.weigh, self.exhausted, self.seed = weigh, exhausted, seed
         if field is not None and not isinstance(field, str):
-            raise TypeError(f"field should be a str or None, but got {type(field).__name__}")
+            fail(TypeError, "field", "a str or None", field)
         self.field = field
-        if isinstance(window_shards, bool) or not isinstance(window_shards, int):
-            raise TypeError(f"window_shards should be an int, but got {type(window_shards).__name__}")
-        if window_shards < 1:
-            raise ValueError(f"window_shards should be an int >= 1, but got window_shards={window_shards!r}")
-        self.window_shards = window_shards
+        self.window_shards = int(check_int("window_shards", window_shards, low=1))
         self._orders = [self._shard_order(s, src) for s, src in enumerate(self.sources)]
         pieces = _pieces(weights)
         for _start, w in pieces:  # checked as given, before any conversion
@@ -144,6 +136,7 @@ class MixedDataset(Dataset[Any]):
         self._schedule = schedule
         self._mixes: OrderedDict[int, WeightedMix] = OrderedDict()
         first = self._mix(0)
+        length = check_int("length", length, low=1, none_ok=True)
         if first.length is None:
             self.length = sum(self.sizes) if length is None else length
         else:
@@ -152,12 +145,8 @@ class MixedDataset(Dataset[Any]):
                 raise ValueError(
                     f"length should be at most the mix's {first.length} positions, but got length={length}"
                 )
-        if isinstance(self.length, bool) or not isinstance(self.length, (int, np.integer)):
-            raise TypeError(f"length should be an int or None, but got {type(length).__name__}")
         if self.length < 1:
-            raise ValueError(
-                f"length should be an int >= 1, but got length={length!r} (the mix has {self.length} positions)"
-            )
+            raise ValueError(f"length should be an int >= 1, but got length=None (the mix has {self.length} positions)")
         self.length = int(self.length)
 
     def _mean_lengths(self, tokens: Sequence[int] | None) -> list[float]:

@@ -51,6 +51,8 @@ from typing import Any
 
 import numpy as np
 
+from .._base.checks import check_choice, check_int, check_number
+
 MODES = ("repeat", "stop", "end")
 _TAG = 0x6D6978  # "mix": keeps these permutations apart from other streams of the same seed
 MATERIALIZE_MAX = 1 << 20  # larger sources are permuted index by index (Feistel), not materialised
@@ -122,14 +124,7 @@ def integer_weights(weights: Sequence[Any], sources: int) -> list[int]:
         raise ValueError(f"weights should have one entry per source ({sources}), but got {len(values)} entries")
     fracs: list[Fraction] = []
     for i, v in enumerate(values):
-        try:
-            f = float(v)
-        except (TypeError, ValueError):
-            raise TypeError(f"weights[{i}] should be a number, but got {v!r}") from None
-        if not np.isfinite(f):
-            raise ValueError(f"weights[{i}] should be finite, but got {v!r}")
-        if f < 0:
-            raise ValueError(f"weights[{i}] should be >= 0, but got {v!r}")
+        check_number(f"weights[{i}]", v, low=0)
         fracs.append(_as_fraction(v))
     if not any(fracs):
         raise ValueError("weights should have a positive entry, but got all zero")
@@ -227,14 +222,15 @@ class WeightedMix:
         mode: str = "repeat",
         orders: Sequence[Callable[[int, int], np.ndarray] | None] | None = None,
     ) -> None:
-        if mode not in MODES:
-            raise ValueError(f"mode should be one of {MODES}, but got mode={mode!r}")
+        check_choice("mode", mode, MODES)
         self.sizes = [int(x) for x in sizes]
         if not self.sizes or any(x < 0 for x in self.sizes):
             raise ValueError(f"sizes should be one or more non-negative counts, but got {list(sizes)!r}")
-        if int(seed) < 0 or int(epoch) < 0:
-            raise ValueError(f"seed and epoch should be >= 0, but got seed={seed!r}, epoch={epoch!r}")
-        self.seed, self.epoch, self.mode = int(seed), int(epoch), mode
+        self.seed, self.epoch, self.mode = (
+            int(check_int("seed", seed, low=0)),
+            int(check_int("epoch", epoch, low=0)),
+            mode,
+        )
         # a source's own order per (epoch, cycle), in place of the shuffle (a sharded source's
         # shard-aware order); it must be a permutation of range(size)
         self.orders = list(orders) if orders is not None else [None] * len(self.sizes)

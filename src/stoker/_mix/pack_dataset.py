@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from .._base.checks import check_int, fail
 from .._base.hooks import (
     KnowsLengths,
     KnowsStreamLengths,
@@ -33,14 +34,12 @@ from .._data.datasets import Dataset
 from .._data.identity import describe_data, prefixed
 from .mix_dataset import MixedDataset
 from .pack_rows import (
-    LONG,
-    METHODS,
     Piece,
     Row,
     build_row,
     check_fields,
     check_int32,
-    check_positive_int,
+    check_options,
     check_seq_len,
     check_window_size,
     check_window_unit,
@@ -223,10 +222,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
     ) -> None:
         self.seq_len = check_seq_len(seq_len)
         self.window_size = check_window_size(window_size)
-        if method not in METHODS:
-            raise ValueError(f"method should be one of {METHODS}, but got method={method!r}")
-        if long not in LONG:
-            raise ValueError(f"long should be one of {LONG}, but got long={long!r}")
+        check_options(method, long)
         self.window_unit = check_window_unit(window_unit)
         self.fields = check_fields(fields)
         self.method, self.long, self.pad_id, self.tensors = method, long, int(pad_id), bool(tensors)
@@ -237,7 +233,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
         if field is None:
             field = inner
         elif not isinstance(field, str):
-            raise TypeError(f"field should be a str or None, but got {type(field).__name__}")
+            fail(TypeError, "field", "a str or None", field)
         elif isinstance(dataset, MixedDataset) and inner != field:
             raise ValueError(
                 f"field should be the mix's field {inner!r} or None, but got field={field!r}: "
@@ -269,7 +265,7 @@ class PackedDataset(Dataset[dict[str, Any]]):
                     f"the first {self._stream.size} documents pack into no rows: every one is empty"
                     + (f" or longer than seq_len {self.seq_len} (long='drop')" if self.long == "drop" else "")
                 )
-        self.rows_per_epoch = check_positive_int(rows_per_epoch, "rows_per_epoch")
+        self.rows_per_epoch = int(check_int("rows_per_epoch", rows_per_epoch, low=1))
 
     def __len__(self) -> int:
         return self.rows_per_epoch

@@ -58,6 +58,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from .._base.checks import check_choice, check_int
+
 Piece = tuple[int, int, int]
 Row = list[Piece]
 Method = Literal["greedy", "best_fit"]
@@ -73,33 +75,24 @@ IGNORE_INDEX = -100
 _INT32 = np.iinfo(np.int32)
 
 
-def check_positive_int(value: int, name: str) -> int:
-    """`value` as an int >= 1: TypeError when it is not an int, ValueError when it is < 1."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} should be an int, but got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} should be >= 1, but got {value}")
-    return int(value)
-
-
 def check_seq_len(seq_len: int) -> int:
-    return check_positive_int(seq_len, "seq_len")
+    """`seq_len` as an int >= 1 (see `check_int`)."""
+    return int(check_int("seq_len", seq_len, low=1))
 
 
 def check_window_size(window_size: int) -> int:
-    return check_positive_int(window_size, "window_size (K)")
+    """`window_size` (K: documents or rows per window) as an int >= 1 (see `check_int`)."""
+    return int(check_int("window_size", window_size, low=1))
 
 
 def check_window_unit(window_unit: str) -> str:
-    if window_unit not in UNITS:
-        raise ValueError(f"window_unit should be one of {UNITS}, but got {window_unit!r}")
-    return window_unit
+    """`window_unit`, one of UNITS."""
+    return check_choice("window_unit", window_unit, UNITS)
 
 
 def check_fields(fields: str) -> str:
-    if not isinstance(fields, str) or fields not in FIELDS:
-        raise ValueError(f"fields should be one of {FIELDS}, but got fields={fields!r}")
-    return fields
+    """`fields`, one of FIELDS."""
+    return check_choice("fields", fields, FIELDS)
 
 
 def check_int32(value: int, name: str) -> int:
@@ -110,10 +103,9 @@ def check_int32(value: int, name: str) -> int:
 
 
 def check_options(method: str, long: str) -> None:
-    if method not in METHODS:
-        raise ValueError(f"method should be one of {METHODS}, but got method={method!r}")
-    if long not in LONG:
-        raise ValueError(f"long should be one of {LONG}, but got long={long!r}")
+    """`method` is one of METHODS and `long` one of LONG."""
+    check_choice("method", method, METHODS)
+    check_choice("long", long, LONG)
 
 
 def check_doc(doc: Any, index: int) -> np.ndarray:
@@ -273,7 +265,7 @@ def pack_rows_window(
     before `first`). Returns the rows in the order they were opened, each in stream order,
     and the pieces carried to the next window, in stream order.
     """
-    rows = check_positive_int(rows, "window_size (K)")
+    rows = check_window_size(rows)
     seq_len = check_seq_len(seq_len)
     check_options(method, long)
     arr = _check_lengths(lengths)

@@ -100,7 +100,7 @@ def crop_box(
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-def _open(source: Any) -> Any:
+def open_image(source: Any) -> Any:
     Image = _pil()
     if isinstance(source, (bytes, bytearray, memoryview)):
         return Image.open(io.BytesIO(source))
@@ -111,7 +111,7 @@ def _open(source: Any) -> Any:
     raise TypeError(f"source should be a path, bytes or a binary file object, but got a {type(source).__name__}")
 
 
-def _simplejpeg() -> Any:
+def find_simplejpeg() -> Any:
     try:
         import simplejpeg
     except ImportError:
@@ -120,10 +120,10 @@ def _simplejpeg() -> Any:
 
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
-_JPEG_END = b"\xff\xd9"
+JPEG_END = b"\xff\xd9"
 
 
-def _read(source: Any) -> bytes | None:
+def read_jpeg(source: Any) -> bytes | None:
     """The bytes of `source` if it is JPEG data or a JPEG file, else None."""
     if isinstance(source, (bytes, bytearray, memoryview)):
         data = bytes(source)
@@ -185,10 +185,10 @@ def _planes(cv2: Any, pixels: np.ndarray) -> np.ndarray:
     return out
 
 
-def _jpeg(turbo: Any, source: Any) -> tuple[bytes | None, Any]:
+def jpeg_with_header(turbo: Any, source: Any) -> tuple[bytes | None, Any]:
     """(the bytes of a JPEG source, its header as libjpeg-turbo reads it); (None, None) for
     other sources, (bytes, None) for a JPEG whose header it refuses."""
-    data = _read(source)
+    data = read_jpeg(source)
     if data is None:
         return None, None
     try:
@@ -197,7 +197,7 @@ def _jpeg(turbo: Any, source: Any) -> tuple[bytes | None, Any]:
         return data, None
 
 
-def _fused_turbo(
+def fused_turbo(
     turbo: Any,
     data: bytes,
     header: tuple[Any, ...],
@@ -216,7 +216,7 @@ def _fused_turbo(
     partial = _turbojpeg() if cv2 is not None and reduction == 1 else None
     # a region decode stops at the crop's last row and would not notice a file cut short below
     # it: one without its end-of-image marker is decoded in full, which reports the truncation
-    if partial is not None and data.rstrip(b"\x00")[-2:] == _JPEG_END:
+    if partial is not None and data.rstrip(b"\x00")[-2:] == JPEG_END:
         region = partial.decode_region(data, top, left, h, w)
         if region is not None:
             return _finish_array(cv2, region, (0, 0, h, w), size, flip)
@@ -311,16 +311,16 @@ def decode_crop(
         OSError: when the image cannot be opened or decoded (Pillow's errors, e.g.
             `PIL.UnidentifiedImageError`; `DecodeCrop` wraps them in `DecodeError`).
     """
-    turbo = _simplejpeg() if reduce else None
+    turbo = find_simplejpeg() if reduce else None
     if turbo is not None and image is None:
-        data, header = _jpeg(turbo, source)
+        data, header = jpeg_with_header(turbo, source)
         if data is not None:
             if header is not None:
-                made = _fused_turbo(turbo, data, header, box, size, flip)
+                made = fused_turbo(turbo, data, header, box, size, flip)
                 if made is not None:
                     return made
             source = data  # read once: Pillow decodes the same bytes
-    img = _open(source) if image is None else image
+    img = open_image(source) if image is None else image
     full_width, full_height = img.size
     top, left, h, w = box if box is not None else (0, 0, full_height, full_width)
     out_height, out_width = size
@@ -450,7 +450,7 @@ class DecodeCrop:
         self.generator = generator
         # import the decoders here, in the main process: forked workers inherit them instead of
         # each importing them (a quarter of a second of CPU for OpenCV) on their first image
-        _simplejpeg()
+        find_simplejpeg()
         _cv2()
         _turbojpeg()
 
@@ -493,7 +493,7 @@ class DecodeCrop:
         except DecodeError:
             raise
         except Exception as exc:
-            raise DecodeError(f"cannot decode {_describe(source)}: {type(exc).__name__}: {exc}") from exc
+            raise DecodeError(f"cannot decode {describe_source(source)}: {type(exc).__name__}: {exc}") from exc
 
     def _draw(self, height: int, width: int) -> tuple[tuple[int, int, int, int], bool]:
         """This sample's box and flip, drawn in torchvision's order: the box, then the flip."""
@@ -519,22 +519,22 @@ class DecodeCrop:
         return np.ascontiguousarray(np.asarray(out).transpose(2, 0, 1))
 
     def _decode(self, source: Any) -> np.ndarray:
-        turbo = _simplejpeg()
-        data, header = _jpeg(turbo, source) if turbo is not None else (None, None)
+        turbo = find_simplejpeg()
+        data, header = jpeg_with_header(turbo, source) if turbo is not None else (None, None)
         img = None
-        if data is not None and _may_be_rotated(data):
+        if data is not None and may_be_rotated(data):
             header = None  # EXIF orientation: decode in full and turn as exif_transpose does
         if header is not None:
             height, width = header[0], header[1]
         else:
-            img = _oriented(_open(data if data is not None else source))
+            img = oriented(open_image(data if data is not None else source))
             width, height = img.size
         box, flip = self._draw(height, width)
         if header is not None:
-            made = _fused_turbo(turbo, data, header, box, self.size, flip)  # type: ignore[arg-type]
+            made = fused_turbo(turbo, data, header, box, self.size, flip)  # type: ignore[arg-type]
             if made is not None:
                 return made
-            img = _open(data)
+            img = open_image(data)
         return decode_crop(source, box, self.size, flip, image=img)
 
     def __repr__(self) -> str:
@@ -547,7 +547,7 @@ def _is_pil(source: Any) -> bool:
     return module is not None and isinstance(source, module.Image)
 
 
-def _describe(source: Any) -> str:
+def describe_source(source: Any) -> str:
     if isinstance(source, (str, os.PathLike)):
         return repr(os.fspath(source))
     if isinstance(source, (bytes, bytearray, memoryview)):
@@ -558,7 +558,7 @@ def _describe(source: Any) -> str:
 _EXIF = b"Exif\x00\x00"
 
 
-def _may_be_rotated(data: bytes) -> bool:
+def may_be_rotated(data: bytes) -> bool:
     """Whether a JPEG carries EXIF (where an orientation lives): an APP1 segment that starts
     with it, among the segments before the first scan. Walking the segments' headers reads a
     few dozen bytes, where searching the first 64 KiB read most of a typical file (0.03 ms);
@@ -586,7 +586,7 @@ def _may_be_rotated(data: bytes) -> bool:
 _STANDALONE = frozenset([0xD8, 0x01, *range(0xD0, 0xD8)])
 
 
-def _oriented(img: Any) -> Any:
+def oriented(img: Any) -> Any:
     """`img` turned upright as `ImageOps.exif_transpose` turns it (decoded), or as it is when
     its EXIF orientation is 1 or absent (still lazy)."""
     try:

@@ -48,20 +48,20 @@ import numpy as np
 from .._base.checks import check_choice
 from .._data.collate import empty
 from .crop import (
-    _JPEG_END,
+    JPEG_END,
     RATIO,
     SCALE,
     DecodeCrop,
     DecodeError,
-    _describe,
-    _fused_turbo,
-    _jpeg,
-    _may_be_rotated,
-    _open,
-    _oriented,
-    _read,
-    _simplejpeg,
     decode_crop,
+    describe_source,
+    find_simplejpeg,
+    fused_turbo,
+    jpeg_with_header,
+    may_be_rotated,
+    open_image,
+    oriented,
+    read_jpeg,
 )
 
 DECODERS = ("auto", "cpu", "nvjpeg", "nvimgcodec")
@@ -111,7 +111,7 @@ def _sample_index() -> int:
 def _orientation(data: bytes) -> int:
     """The EXIF orientation of a JPEG (1 when absent or unreadable)."""
     try:
-        value = _open(data).getexif().get(0x0112, 1)
+        value = open_image(data).getexif().get(0x0112, 1)
     except Exception:
         return 1
     return 1 if value is None else int(value)
@@ -120,21 +120,21 @@ def _orientation(data: bytes) -> int:
 def _upright_size(data: bytes) -> tuple[int, int] | None:
     """(height, width) of a JPEG whose bytes nvJPEG is given, from its header alone; None for
     one that is decoded in the worker instead (unreadable header, CMYK, rotated by EXIF)."""
-    turbo = _simplejpeg()
+    turbo = find_simplejpeg()
     if turbo is not None:
-        header = _jpeg(turbo, data)[1]
+        header = jpeg_with_header(turbo, data)[1]
         if header is None or header[2] not in _SHIPPED_COLORSPACES:
             return None
-        if _may_be_rotated(data) and _orientation(data) != 1:
+        if may_be_rotated(data) and _orientation(data) != 1:
             return None
         return int(header[0]), int(header[1])
     try:
-        img = _open(data)
+        img = open_image(data)
     except Exception:
         return None
     if img.format != "JPEG" or img.mode not in ("RGB", "L"):
         return None
-    if _may_be_rotated(data) and _orientation(data) != 1:
+    if may_be_rotated(data) and _orientation(data) != 1:
         return None
     return int(img.height), int(img.width)
 
@@ -215,7 +215,7 @@ class DecodeOnDevice:
             )
         index = _sample_index()
         try:
-            data = _read(source) if isinstance(source, (bytes, bytearray, memoryview, str, os.PathLike)) else None
+            data = read_jpeg(source) if isinstance(source, (bytes, bytearray, memoryview, str, os.PathLike)) else None
             upright = _upright_size(data) if data is not None else None
             if data is None or upright is None:
                 # DecodeCrop draws from the same RNG, untouched so far: the same crop as its own
@@ -223,11 +223,15 @@ class DecodeOnDevice:
         except Exception as exc:
             cause = exc.__cause__ if isinstance(exc, DecodeError) and exc.__cause__ is not None else exc
             sample = f" (sample {index})" if index >= 0 else ""
-            raise DecodeError(f"cannot decode {_describe(source)}{sample}: {type(cause).__name__}: {cause}") from cause
+            raise DecodeError(
+                f"cannot decode {describe_source(source)}{sample}: {type(cause).__name__}: {cause}"
+            ) from cause
         if data is None or upright is None:
-            return JpegCrop(np.empty(0, np.uint8), (0, 0, 0, 0), False, self.size, _describe(source), index, pixels)
+            return JpegCrop(
+                np.empty(0, np.uint8), (0, 0, 0, 0), False, self.size, describe_source(source), index, pixels
+            )
         box, flip = self._draw(*upright)
-        return JpegCrop(np.frombuffer(data, np.uint8), box, flip, self.size, _describe(source), index)
+        return JpegCrop(np.frombuffer(data, np.uint8), box, flip, self.size, describe_source(source), index)
 
     def _draw(self, height: int, width: int) -> tuple[tuple[int, int, int, int], bool]:
         """The box and the flip, drawn by `DecodeCrop`'s own draw (one law, one place)."""
@@ -381,17 +385,17 @@ def decode_box(data: Any, box: tuple[int, int, int, int], size: tuple[int, int],
         OSError, ValueError: what the decoders raise for a corrupt or truncated file.
     """
     data = bytes(data)
-    turbo = _simplejpeg()
+    turbo = find_simplejpeg()
     header = None
-    if turbo is not None and not _may_be_rotated(data):
-        header = _jpeg(turbo, data)[1]
+    if turbo is not None and not may_be_rotated(data):
+        header = jpeg_with_header(turbo, data)[1]
     if header is not None:
-        made = _fused_turbo(turbo, data, header, box, size, flip)
+        made = fused_turbo(turbo, data, header, box, size, flip)
         if made is not None:
             return made
-        img = _open(data)
+        img = open_image(data)
     else:
-        img = _oriented(_open(data))
+        img = oriented(open_image(data))
     return decode_crop(data, box, size, flip, image=img)
 
 
@@ -568,7 +572,7 @@ class _DecodeJpegs:
         out = torch.empty((n, 3, *batch.size), dtype=torch.float32, device=device)
         gpu_rows, cpu_rows = [], []
         for i in range(n):
-            if not batch.decoded[i] and bytes(batch.jpeg(i)[-2:]) == _JPEG_END:
+            if not batch.decoded[i] and bytes(batch.jpeg(i)[-2:]) == JPEG_END:
                 gpu_rows.append(i)
             else:  # decoded in the worker; or cut short (nvJPEG might not say so)
                 cpu_rows.append(i)
