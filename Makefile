@@ -4,6 +4,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # The CPU build; on these machines it installs from a local file. An unpinned torch pulls CUDA.
 TORCH_PIN := torch==2.13.0
+# Elsewhere (another machine, or another Python here) pip takes torch from PyPI, which on Linux is
+# the CUDA build (several GB with its nvidia-* wheels). `make test TORCH_INDEX=https://download.pytorch.org/whl/cpu`
+# lets every pip run of the set-up also look in PyTorch's CPU index, whose torch==2.13.0+cpu then wins.
+TORCH_INDEX ?=
+ifneq ($(TORCH_INDEX),)
+export PIP_EXTRA_INDEX_URL := $(TORCH_INDEX) $(PIP_EXTRA_INDEX_URL)
+endif
 # Without its dependencies: they are in the test-datasets extra, less torchvision (see pyproject.toml).
 LITDATA_PIN := litdata==0.2.76
 STAMP := $(VENV)/.installed
@@ -62,28 +69,36 @@ $(STAMP): pyproject.toml benchmarks/pyproject.toml
 
 setup: $(STAMP)
 
+# Each user venv also gets pyproject.toml's [build-system] requires, once: the checkout's wheel is
+# then built with them on every run (--no-build-isolation) from this tree alone (--no-index), so
+# a second run needs no network.
+BUILD_REQUIRES := $(shell sed -n '/^\[build-system\]/,/^\[/s/^requires = \[\(.*\)\]$$/\1/p' pyproject.toml | tr ',' ' ')
+INSTALL_CHECKOUT := -m pip install --quiet --no-deps --force-reinstall --no-build-isolation --no-index .
+
 $(USER_STAMP): pyproject.toml
 	rm -rf $(USER_VENV)
 	$(PYTHON) -m venv $(USER_VENV)
 	$(USER_PY) -m pip install --quiet --upgrade pip
-	$(USER_PY) -m pip install --quiet '.[torch,stream,parquet,jax,arrayrecord]' '$(TORCH_PIN)' pytest pytest-timeout psutil
+	$(USER_PY) -m pip install --quiet '.[torch,stream,parquet,jax,arrayrecord]' '$(TORCH_PIN)' pytest pytest-timeout psutil \
+		$(BUILD_REQUIRES)
 	touch $(USER_STAMP)
 
 # The moto server runs from the test environment's interpreter (STOKER_S3_SERVER_PYTHON).
 user-tier: $(STAMP) $(USER_STAMP)
-	$(USER_PY) -m pip install --quiet --no-deps --force-reinstall .
+	$(USER_PY) $(INSTALL_CHECKOUT)
 	STOKER_USER_TIER=1 STOKER_S3_SERVER_PYTHON=$(abspath $(PY)) $(USER_PY) -m pytest -q -p no:cacheprovider $(USER_TESTS)
 
 $(USER_JAX_STAMP): pyproject.toml
 	rm -rf $(USER_JAX_VENV)
 	$(PYTHON) -m venv $(USER_JAX_VENV)
 	$(USER_JAX_PY) -m pip install --quiet --upgrade pip
-	$(USER_JAX_PY) -m pip install --quiet '.[jax]' '$(JAX_PIN)' '$(ORBAX_PIN)' pytest pytest-timeout psutil
+	$(USER_JAX_PY) -m pip install --quiet '.[jax]' '$(JAX_PIN)' '$(ORBAX_PIN)' pytest pytest-timeout psutil \
+		$(BUILD_REQUIRES)
 	touch $(USER_JAX_STAMP)
 
 # After user-tier, not beside it: each builds the checkout's wheel in ./build.
 user-tier-jax: $(STAMP) $(USER_JAX_STAMP)
-	$(USER_JAX_PY) -m pip install --quiet --no-deps --force-reinstall .
+	$(USER_JAX_PY) $(INSTALL_CHECKOUT)
 	STOKER_USER_TIER=jax $(USER_JAX_PY) -m pytest -q -p no:cacheprovider tests/user/test_user_jax.py
 
 build/py%/.installed: pyproject.toml
@@ -91,12 +106,20 @@ build/py%/.installed: pyproject.toml
 	$(call python_for,$*) -m venv build/py$*
 	build/py$*/bin/python -m pip install --quiet --upgrade pip
 	build/py$*/bin/python -m pip install --quiet -e '.[stream,parquet,progress]' \
-		pytest pytest-timeout pytest-xdist psutil hypothesis 'moto[server]' 's3fs[boto3]' webdataset
+		pytest pytest-timeout pytest-xdist psutil hypothesis 'moto[server]' s3fs webdataset
 	touch $@
 
-# One Python's core suite: `make test-python3.12`. Each run prints its wall time.
-$(addprefix test-python,$(PYTHONS)): test-python%: build/py%/.installed
-	@start=$$(date +%s); \
+# One Python's core suite: `make test-python3.12`. Each run prints its wall time. A Python that is
+# not installed is skipped with a line that says so, and fails nothing.
+$(addprefix test-python,$(PYTHONS)): test-python%:
+	@if $(call python_for,$*) -c '' >/dev/null 2>&1; then \
+		$(MAKE) -q build/py$*/.installed || $(MAKE) --no-print-directory build/py$*/.installed; fi
+	@if ! $(call python_for,$*) -c '' >/dev/null 2>&1; then \
+		echo "SKIPPED the core suite on Python $*: no python$* in $(PYENV_ROOT)/versions/$*.*/bin or on PATH" \
+			"(install Python $*, e.g. pyenv install $*, to run it)"; \
+		exit 0; \
+	fi; \
+	start=$$(date +%s); \
 	build/py$*/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_WORKERS) $(CORE_TESTS) \
 		&& echo "core suite on Python $*: $$(( $$(date +%s) - start )) s"
 
@@ -124,8 +147,15 @@ coverage: $(STAMP)
 
 # Bytecode as a wheel install would leave it (an editable install leaves none, and with
 # PYTHONDONTWRITEBYTECODE set every spawn/forkserver worker would compile stoker and the
-# harness's workloads afresh). benchmarks/run.py is the harness (benchmarks/stoker_bench).
+# harness's workloads afresh). benchmarks/run.py is the harness (benchmarks/stoker_bench). What the
+# benchmarks make stays in the clone (bench-results/, and under build/ the JPEGs of W9 and W12, the
+# mix corpus and MosaicML Streaming's venv); a second run needs no network. Progress bars (tqdm's,
+# the harness's and those of the libraries it runs) are off when stderr is not a terminal.
+ifeq ($(shell [ -t 2 ] && echo terminal),)
+bench: export TQDM_DISABLE := 1
+endif
 bench: $(STAMP)
+	@echo "make bench: about 35 min on 2 cores; each benchmark prints its table when it ends"
 	$(PY) -m compileall -q src benchmarks/stoker_bench
 	$(PY) benchmarks/run.py
 	$(PY) benchmarks/close_times.py

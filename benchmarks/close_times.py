@@ -16,7 +16,10 @@ which keeps 8 batches in flight. Cases:
 - `full-drop`: the same, but the iterator is dropped: `del it; gc.collect()` is timed.
 - `busy-close`: every sample sleeps 0.2 s (2 s a batch); right after iter(), once all four
   workers are inside `__getitem__`, `it.close()` is timed: how the shutdown ladder bounds a
-  close while workers are busy.
+  close while workers are busy. Neither loader interrupts a batch: stoker gives a busy worker
+  the ladder's grace (`JOIN_TIMEOUT_S`) to finish it, then terminates it, so this close takes
+  about the grace, whatever the machine; its limit is the grace plus the terminate step
+  (`TERMINATE_TIMEOUT_S`), not the 500 ms of a full window.
 
 torch.utils.data's DataLoader runs the same cases as a baseline (closing with its iterator's
 `_shutdown_workers()`) when torch can be imported. After each close, the workers' pids (from
@@ -28,7 +31,8 @@ Repetitions: `--reps` (5) of stoker's full-window cases, `--busy-reps` (1) of it
 (~2.5 s each) and `--torch-reps` (1) of the torch baseline (its spawn and forkserver workers
 import torch, ~5 s a start on 2 cores); with these defaults the run takes about 2 minutes on
 2 idle cores. The repetition loop is outermost. The table shows the median and max close
-time and whether the max is under 500 ms; `--json PATH` writes the same with every time.
+time and whether the max is within the case's limit; `--json PATH` writes the same with every
+time.
 Measured on stoker as it is at the time; see `git log` for when its shutdown changed.
 """
 
@@ -52,10 +56,13 @@ from typing import Any
 
 import numpy as np
 
+from stoker._core.engines import JOIN_TIMEOUT_S, TERMINATE_TIMEOUT_S
+
 CASES = ("full-close", "full-drop", "busy-close")
 TRANSPORTS = ("arena", "pickle")
 TRANSPORT_ENV = "STOKER_TRANSPORT"
-TARGET_MS = 500.0
+TARGET_MS = 500.0  # a close with a full window, workers idle or blocked sending
+BUSY_LIMIT_MS = (JOIN_TIMEOUT_S + TERMINATE_TIMEOUT_S) * 1000.0  # the ladder's grace, then terminate
 QUIET_S = 0.3  # no batch made for this long: the workers have made all they can
 SEND_MARGIN_S = 0.05  # after the last batch is collated, for its send to finish
 GRACE_S = 5.0  # leftover workers get this long to go before they are killed
@@ -345,6 +352,7 @@ def _reps(config: tuple[str, str, str | None, str], args: argparse.Namespace) ->
 def _summary(key: tuple[str, str, str | None, str], runs: list[dict[str, Any]]) -> dict[str, Any]:
     loader, method, transport, case = key
     ms = [r["seconds"] * 1000.0 for r in runs]
+    limit_ms = BUSY_LIMIT_MS if case == "busy-close" else TARGET_MS
     return {
         "loader": loader,
         "method": method,
@@ -352,7 +360,8 @@ def _summary(key: tuple[str, str, str | None, str], runs: list[dict[str, Any]]) 
         "case": case,
         "median_ms": statistics.median(ms),
         "max_ms": max(ms),
-        "under_500ms": max(ms) < TARGET_MS,
+        "limit_ms": limit_ms,
+        "within_limit": max(ms) < limit_ms,
         "made_median": statistics.median(r["made"] for r in runs),
         "expected": runs[0]["expected"],
         "left_total": sum(r["left"] for r in runs),
@@ -366,7 +375,19 @@ def _summary(key: tuple[str, str, str | None, str], runs: list[dict[str, Any]]) 
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    head = ("loader", "method", "transport", "case", "reps", "made", "median ms", "max ms", "max<500ms", "left")
+    head = (
+        "loader",
+        "method",
+        "transport",
+        "case",
+        "reps",
+        "made",
+        "median ms",
+        "max ms",
+        "limit ms",
+        "max<limit",
+        "left",
+    )
     body = []
     for r in rows:
         made = f"{r['made_median']:g}/{r['expected']}" if r["expected"] else f"{r['made_median']:g}"
@@ -380,12 +401,13 @@ def _table(rows: list[dict[str, Any]]) -> str:
                 made,
                 f"{r['median_ms']:.1f}",
                 f"{r['max_ms']:.1f}",
-                "yes" if r["under_500ms"] else "NO",
+                f"{r['limit_ms']:.0f}",
+                "yes" if r["within_limit"] else "NO",
                 str(r["left_total"]),
             )
         )
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-    right = {4, 5, 6, 7, 9}
+    right = {4, 5, 6, 7, 8, 10}
 
     def line(cells: tuple[str, ...]) -> str:
         return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
@@ -493,6 +515,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         "made: batches collated when close was called (median) / those sent (window + the one "
         "taken); left: workers still running when close returned, over all reps.\n"
+        f"limit: {TARGET_MS:.0f} ms for a full window; for busy-close, where each worker is inside a batch of "
+        f"{args.batch_size} x {args.slow_sample:g} s that no loader interrupts, stoker's shutdown ladder: "
+        f"{JOIN_TIMEOUT_S:g} s of grace to finish it, then terminate ({TERMINATE_TIMEOUT_S:g} s).\n"
         f"full-drop includes a gc.collect(): a bare one right after took {bare_gc:.1f} ms (median)."
     )
     if args.json:

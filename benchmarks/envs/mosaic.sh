@@ -3,12 +3,12 @@
 # numpy<2.2 and transformers<5 and imports torchvision, none of which fits .venv.
 # benchmarks/shards_bench.py runs its rows with this environment's python in a subprocess.
 #
-#   bash benchmarks/envs/mosaic.sh [DIR]     (DIR defaults to $STOKER_MOSAIC_VENV or
-#                                             /tmp/stoker-mosaic-venv; prints its python)
+#   bash benchmarks/envs/mosaic.sh [DIR]     (DIR defaults to $STOKER_MOSAIC_VENV or the
+#                                             clone's build/mosaic-venv; prints its python)
 #
 # torch is pinned to the CPU build (2.13.0): an unpinned torch pulls a multi-GB CUDA build.
 set -euo pipefail
-dir="${1:-${STOKER_MOSAIC_VENV:-/tmp/stoker-mosaic-venv}}"
+dir="${1:-${STOKER_MOSAIC_VENV:-$(cd "$(dirname "$0")/../.." && pwd)/build/mosaic-venv}}"
 python="${PYTHON:-python3}"
 if [ ! -x "$dir/bin/python" ]; then
     "$python" -m venv "$dir"

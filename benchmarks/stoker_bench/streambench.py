@@ -59,6 +59,8 @@ from typing import IO, Any
 
 import numpy as np
 
+from . import REPO
+
 # the issue asks for ~20,000 samples; on a 2-core machine that run takes ~16 minutes (the
 # decode rows dominate: ten epochs of Pillow decodes), so `make bench` runs half of it
 SAMPLES = 10000
@@ -72,7 +74,7 @@ SHUFFLE_BUFFER = 1000
 ROW_TIMEOUT_S = 600.0
 LIBRARIES = ("stoker", "litdata", "mosaic", "webdataset", "hf-datasets")
 MODES = ("io", "decode")
-MOSAIC_VENV = os.path.join(tempfile.gettempdir(), "stoker-mosaic-venv")
+MOSAIC_VENV = os.path.join(REPO, "build", "mosaic-venv")  # in the clone, beside the tests' venvs
 # what a child writes on stdout at the end of each epoch; the parent reads the proxy's
 # counters there and answers on the child's stdin before the next epoch starts
 MARKER = "@@streambench:epoch-done"
@@ -206,7 +208,7 @@ def collate_pairs(fn: Callable[[Any, Any], Any], samples: list[dict[str, Any]]) 
 
 
 def make_samples(count: int) -> list[tuple[str, int]]:
-    """The benchmark's samples: W9's JPEGs (made on first use in the temporary folder) and
+    """The benchmark's samples: W9's JPEGs (made on first use under the clone's build/) and
     each one's class folder as its label.
 
     Args:

@@ -3,8 +3,8 @@ training transform over an `ImageFolder` of JPEGs, through torch.utils.data and 
 
 The files: W9's, an ImageFolder tree (`class_00/img_00000.jpg`, ...) of `FILES` distinct real
 JPEGs (quality 90) at ImageNet's common sizes (500x375, 375x500, 500x333, 500x400, 640x480,
-800x600), made once from scikit-image's photographs (`stoker._vision.photos`) and kept in the
-system's temporary folder between runs. The dataset: torchvision's `ImageFolder` with
+800x600), made once from scikit-image's photographs (`stoker._vision.photos`) and kept under
+the clone's build/ between runs. The dataset: torchvision's `ImageFolder` with
 `Compose([RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(), Normalize(mean, std)])`
 where torchvision imports; else `Folder` (the same layout, a Python list of (path, class) as
 torchvision keeps it, Pillow's RGB decode) with the same operations written with Pillow and

@@ -22,10 +22,57 @@ def _fmt_us(x: float | None) -> str:
 
 NAME_WIDTH = 32  # the table's workload column: "W5 torch-free forkserver 200 MB"
 
+# One line per workload, printed above the table so that it reads without benchmarks/README.md
+# (which gives the sizes and how each is timed).
+WORKLOADS = {
+    "W1": "tiny samples, dicts of an int and 4 float32, batch 256: the loader's own cost per sample and batch",
+    "W2": "images, 3x224x224 uint8, batch 64: bandwidth (GB/s, against memcpy)",
+    "W3": "CPU-heavy samples, ~2 ms of Python each, batch 16: how the rate scales with workers",
+    "W4": "an IterableDataset of 128-float32 rows split by get_worker_info(), batch 256",
+    "W5": "time to the first batch, the dataset holding a 10 MB or a 200 MB array, by start method",
+    "W6": "persistent workers over many epochs: the gap and the cost of each epoch boundary",
+    "W7": "ImageNet-sized tensors: random 224x224 crops and flips of 3x256x256 uint8 images, batch 256 and 64",
+    "W8": "W2's images, 1 GB of distinct ones read once each, so that reads miss every cache",
+}
+LOADERS = (
+    "loaders: stoker (numpy batches), stoker.torch (the drop-in: torch's tensors, torch's semantics), "
+    "torch (torch.utils.data, the baseline); workers: num_workers (auto: stoker's choice)"
+)
+VARIANTS = (
+    "after a workload's name: W1 stats on / off (stats=True / False, epochs in pairs), auto ref (the hand-picked "
+    "epochs run beside each auto one), W5's start method and array size, W7's batch size (b256, b64)"
+)
+
+
+def legend(report: dict[str, Any]) -> list[str]:
+    """The lines that say what the table's workloads and loaders are."""
+    present = {r["workload"] for r in report["results"]}
+    lines = ["workloads (benchmarks/README.md has their sizes and how each is timed):"]
+    lines += [f"  {name}  {what}" for name, what in WORKLOADS.items() if name in present]
+    return [*lines, LOADERS, VARIANTS, ""]
+
+
+def targets_note(report: dict[str, Any]) -> list[str]:
+    """What the targets are, what they are measured against, and what MET and MISSED mean."""
+    met = sum(1 for t in report["targets"] if t["met"])
+    judged = sum(1 for t in report["targets"] if t["met"] is not None)
+    cpus = report["machine"].get("cpus")
+    return [
+        "targets: the goals set for stoker on each workload, judged on this run. stoker.torch is measured against",
+        "torch.utils.data's row at the same workers (W1-W6 and W8 at num_workers=2, W7 at each); W5 torch-free,",
+        "the arena, the stats overhead and auto are stoker alone, against a bound, the one-core memcpy ceiling or",
+        "itself. MET and MISSED say what this machine did at this moment; a MISSED fails nothing (the run exits 0),",
+        "and INFO lines have no goal. The goals hold on a quiet machine with cores to spare: on a small or busy one",
+        f"({cpus} usable CPUs here) what runs in parallel (W2's, W3's and W8's workers) and the narrow margins (the",
+        "stats overhead, W6's boundary in batch gaps) can miss from load alone: compare with the figures of",
+        f"docs/performance.md before taking a MISSED for a regression. {met} of {judged} met:",
+    ]
+
 
 def table(report: dict[str, Any]) -> str:
-    """The human-readable table of a report."""
-    lines = []
+    """The human-readable table of a report: a legend, the rows, the derived figures and the
+    targets."""
+    lines = legend(report)
     header = (
         f"{'workload':<{NAME_WIDTH}}{'loader':<14}{'workers':>7}  {'median':>10}  {'min-max':>19}  {'GB/s':>6}  "
         f"{'vs torch':>8}  {'main µs/batch':>13}"
@@ -155,10 +202,7 @@ def table(report: dict[str, Any]) -> str:
     lines.append(environment_line(report["machine"]))
     if report["targets"]:
         lines.append("")
-        lines.append(
-            "targets (stoker.torch vs torch.utils.data: W1-W6 and W8 at num_workers=2, W7 at each; "
-            "W5 torch-free, arena, stats overhead and auto: stoker alone or against itself):"
-        )
+        lines += targets_note(report)
         for t in report["targets"]:
             label = "INFO  " if t["met"] is None else "MET   " if t["met"] else "MISSED"
             lines.append(f"  {label} {t['target']}: {t['shown']}")

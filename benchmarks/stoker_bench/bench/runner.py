@@ -390,4 +390,5 @@ def _progress(total: int) -> Any:
         from tqdm import tqdm
     except ImportError:
         return None
-    return tqdm(total=total, unit="run", file=sys.stderr, leave=False)
+    # disable=None: no bar when stderr is not a terminal (a log)
+    return tqdm(total=total, unit="run", file=sys.stderr, leave=False, disable=None)
