@@ -10,8 +10,9 @@ parent's resources, or act on its workers). stoker says this once:
   process other than the one that made it; its `close` runs only in that process. It pickles
   empty: a spawned worker makes its own.
 - `at_fork` is the one registration point for what must happen around a fork of this process
-  (closing descriptors that carry a lock, dropping what a child must not keep); one
-  `os.register_at_fork` runs every registered hook in order.
+  (stopping threads, closing descriptors that carry a lock, dropping what a child must not
+  keep); one `os.register_at_fork` runs every registered hook, in an order said at
+  registration (`stops_threads`), never by which module happened to be imported first.
 - `only_here` makes a cleanup that does nothing in any process but the one that made it, and
   `finalize` is `weakref.finalize` with such a cleanup.
 
@@ -30,22 +31,39 @@ __all__ = ["PerProcess", "at_fork", "finalize", "only_here"]
 
 T = TypeVar("T")
 
-_before: list[Callable[[], None]] = []
-_in_parent: list[Callable[[], None]] = []
-_in_child: list[Callable[[], None]] = []
+
+class _Ring:
+    """The hooks of one ring, each list in the order it runs (as `os.register_at_fork` orders
+    them: `before` hooks in the reverse order of registration, `after_*` in that order)."""
+
+    def __init__(self) -> None:
+        self.before: list[Callable[[], None]] = []
+        self.in_parent: list[Callable[[], None]] = []
+        self.in_child: list[Callable[[], None]] = []
+
+
+# the outer ring, `at_fork(..., stops_threads=True)`: a thread being stopped may need a lock that
+# an inner `before` takes for the fork (the shard cache's descriptor lock, for the lease watch)
+_outer = _Ring()
+_inner = _Ring()
 
 
 def at_fork(
     before: Callable[[], None] | None = None,
     after_in_parent: Callable[[], None] | None = None,
     after_in_child: Callable[[], None] | None = None,
+    *,
+    stops_threads: bool = False,
 ) -> None:
     """Run these around every `fork()` of this process, as `os.register_at_fork` does.
 
-    `before` hooks run in the reverse order of registration, the `after_*` hooks in the order
-    of registration (as `os.register_at_fork` orders them), so a lock taken by a later
-    `before` is released by its `after_*` before an earlier one's. Where the platform has no
-    fork (Windows) nothing is registered and nothing runs.
+    Hooks run in two rings. Those registered with `stops_threads=True` are the outer ring:
+    their `before` hooks run first and their `after_*` hooks last, so a thread they stop can
+    still take any lock the other hooks take for the fork. Within a ring, `before` hooks run
+    in the reverse order of registration and the `after_*` hooks in the order of registration
+    (as `os.register_at_fork` orders them), so a lock taken by a later `before` is released by
+    its `after_*` before an earlier one's. Where the platform has no fork (Windows) nothing is
+    registered and nothing runs.
 
     Args:
         before: Called in the parent just before the fork (e.g. take a lock so that no
@@ -55,31 +73,37 @@ def at_fork(
             Defaults to None.
         after_in_child: Called in the child just after the fork (e.g. close inherited
             descriptors, drop inherited state). None means none. Defaults to None.
+        stops_threads: Whether `before` stops threads of this process (waits for them to
+            end), which may take locks other hooks hold across the fork: such hooks run
+            outside every other (bool). Defaults to False.
 
     Raises:
-        TypeError: when a hook given is not callable.
+        TypeError: when a hook given is not callable, or `stops_threads` is not a bool.
     """
     for name, hook in (("before", before), ("after_in_parent", after_in_parent), ("after_in_child", after_in_child)):
         if hook is not None and not callable(hook):
             raise TypeError(f"{name} should be a callable or None, but got {name}={hook!r}")
+    if not isinstance(stops_threads, bool):
+        raise TypeError(f"stops_threads should be a bool, but got stops_threads={stops_threads!r}")
+    ring = _outer if stops_threads else _inner
     if before is not None:
-        _before.insert(0, before)
+        ring.before.insert(0, before)
     if after_in_parent is not None:
-        _in_parent.append(after_in_parent)
+        ring.in_parent.append(after_in_parent)
     if after_in_child is not None:
-        _in_child.append(after_in_child)
+        ring.in_child.append(after_in_child)
 
 
-def _run(hooks: list[Callable[[], None]]) -> None:
-    for hook in list(hooks):
+def _run(*hooks: list[Callable[[], None]]) -> None:
+    for hook in [h for ring in hooks for h in ring]:
         hook()
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(
-        before=lambda: _run(_before),
-        after_in_parent=lambda: _run(_in_parent),
-        after_in_child=lambda: _run(_in_child),
+        before=lambda: _run(_outer.before, _inner.before),
+        after_in_parent=lambda: _run(_inner.in_parent, _outer.in_parent),
+        after_in_child=lambda: _run(_inner.in_child, _outer.in_child),
     )
 
 

@@ -18,7 +18,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, BinaryIO
 
@@ -26,25 +26,21 @@ import numpy as np
 
 from .._base.process import at_fork
 
-# imported first so that its at-fork hooks are registered first: `before` hooks run in the
-# reverse order, so this module's (which waits for the lease watch, which may unpin through
-# the cache) runs before the cache's takes the lock the cache's descriptors are opened under
-from . import cache as _cache  # noqa: F401
-from .store import Store
 
-
-def download_parts(store: Store, name: str, size: int, part: int, parallel: int, out: BinaryIO) -> int:
+def download_parts(
+    read: Callable[[str, int, int], bytes], name: str, size: int, part: int, parallel: int, out: BinaryIO
+) -> int:
     """Download object `name` into `out` as ranges of `part` bytes, `parallel` requests in
     flight, written in order: an object store serves each connection at a bounded rate, so one
     shard arrives several times faster over several connections. At most `parallel` + 1 parts
-    are held in memory."""
+    are held in memory. `read(name, start, end)` reads one range (`Store.read`)."""
     starts = range(0, size, part)
     pool = DaemonPool(parallel, "stoker-parts")
     try:
         pending: collections.deque[Future[bytes]] = collections.deque()
         parts = iter(starts)
         for start in itertools.islice(parts, parallel):
-            pending.append(pool.submit(store.read, name, start, min(size, start + part)))
+            pending.append(pool.submit(read, name, start, min(size, start + part)))
         written = 0
         try:
             while pending:
@@ -52,7 +48,7 @@ def download_parts(store: Store, name: str, size: int, part: int, parallel: int,
                 out.write(data)
                 written += len(data)
                 for start in itertools.islice(parts, 1):
-                    pending.append(pool.submit(store.read, name, start, min(size, start + part)))
+                    pending.append(pool.submit(read, name, start, min(size, start + part)))
         finally:
             for job in pending:
                 job.cancel()
@@ -277,16 +273,38 @@ class DownloadsAhead:
     # dropped, or the step is long): the next draw starts it again; leases are kept till then
     STALL_S = 3.0
 
-    def __init__(self, dataset: Any, threads: int) -> None:  # a ShardedDataset
-        self.dataset = dataset
+    def __init__(
+        self,
+        starts: np.ndarray,
+        sizes: Sequence[int],
+        lease_shard: Callable[[int, Callable[[bool], None]], bool],
+        unpin_shard: Callable[[int], None],
+        tally: Tally,
+        threads: int,
+    ) -> None:
+        """
+        Args:
+            starts: The index of each shard's first sample (int64, ascending).
+            sizes: Each shard's size in bytes.
+            lease_shard: `lease_shard(number, decided)` pins shard `number` (downloading it
+                first) if the cache's leases leave room for it, calls `decided(fits)` as soon
+                as that is known, and returns whether it pinned.
+            unpin_shard: `unpin_shard(number)` ends a pin `lease_shard` took.
+            tally: The sum of the read counts of the processes reading for this one.
+            threads: How many downloads run at once.
+        """
+        self.starts = starts
+        self.sizes = sizes
+        self.lease_shard = lease_shard
+        self.unpin_shard = unpin_shard
         self.pool = DaemonPool(threads, "stoker-shards")
         self.lock = threading.Lock()
         self.batches: collections.deque[tuple[int, ...]] = collections.deque()  # drawn, maybe unread
         self.uses: collections.Counter[int] = collections.Counter()  # shard -> those batches needing it
-        shards = len(dataset.index.shards)
+        shards = len(sizes)
         self.drawn_samples = np.zeros(shards, dtype=np.int64)  # drawn from each shard so far
         self.read = np.zeros(shards, dtype=np.int64)  # read from each shard, as last summed
-        self.tally = Tally(dataset._reads_dir(), dataset._reads_key, shards)
+        self.tally = tally
         self.jobs: dict[int, Future[bool]] = {}  # shard -> its lease being taken
         self.leased: set[int] = set()  # shards this process pins for the batches
         self.retried = 0.0
@@ -304,9 +322,11 @@ class DownloadsAhead:
         self.round = 0
         self.blocked = -1  # the last round in which a lease did not fit: its later ones wait
 
-    def drawn(self, indices: list[int], behind: int) -> bool:
-        dataset = self.dataset
-        found = np.searchsorted(dataset.shard_starts, np.asarray(indices, dtype=np.int64), side="right") - 1
+    def drawn(self, indices: list[int], behind: int, prefetch_shards: int, cache_bytes: int) -> bool:
+        """A batch drawn (its sample indices), `behind` earlier batches maybe still unread: lease
+        the shards they need. True when the drawing should go on: fewer than `prefetch_shards`
+        shards are wanted beyond the oldest batch's, and they fill at most half `cache_bytes`."""
+        found = np.searchsorted(self.starts, np.asarray(indices, dtype=np.int64), side="right") - 1
         numbers = tuple(dict.fromkeys(found.tolist()))
         with self.lock:
             self.progress = time.monotonic()
@@ -325,8 +345,8 @@ class DownloadsAhead:
             # the cap
             first = next((b for b in self.batches if any(s in wanted for s in b)), ())
             ahead = set(wanted) - set(first)
-            live = sum(dataset._sizes[s] for s in wanted)
-            more = len(ahead) < dataset.prefetch_shards and 2 * live < dataset.cache_bytes
+            live = sum(self.sizes[s] for s in wanted)
+            more = len(ahead) < prefetch_shards and 2 * live < cache_bytes
             self._watch_if_needed()
         self._unpin(ended)
         return more
@@ -418,7 +438,7 @@ class DownloadsAhead:
             decided(False)
         else:
             try:
-                got = self.dataset._lease(number, decided)
+                got = self.lease_shard(number, decided)
             except Exception:  # the reader that needs the shard meets the error itself
                 got = False
         with self.lock:
@@ -432,7 +452,7 @@ class DownloadsAhead:
 
     def _unpin(self, numbers: list[int]) -> None:
         for s in numbers:
-            self.dataset.cache.unpin(self.dataset.index.shards[s].name)
+            self.unpin_shard(s)
 
     def close(self) -> None:
         with self.lock:
@@ -488,4 +508,6 @@ def _forget_in_child() -> None:
     _live.clear()
 
 
-at_fork(before=_quiet_for_fork, after_in_parent=_resume_in_parent, after_in_child=_forget_in_child)
+# the lease watch may unpin through the shard cache, whose own `before` hook takes the lock its
+# descriptors are opened under: the watch is stopped first (the outer ring)
+at_fork(before=_quiet_for_fork, after_in_parent=_resume_in_parent, after_in_child=_forget_in_child, stops_threads=True)

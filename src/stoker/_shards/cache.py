@@ -123,6 +123,18 @@ def _lock(fd: int, operation: int, deadline: float, waiting_for: Callable[[], st
         delay = min(delay * 2, _MAX_POLL_S)
 
 
+def _held(path: str, deadline: float, waiting_for: Callable[[], str]) -> int:
+    """A descriptor of lock file `path` (made if absent) through which this process holds its
+    exclusive flock (closing it lets go), waited for until `deadline`."""
+    fd = _open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        _lock(fd, fcntl.LOCK_EX, deadline, waiting_for)
+    except BaseException:
+        _close(fd)
+        raise
+    return fd
+
+
 def _escape(name: str) -> str:
     """One file name for shard `name`, distinct for distinct names."""
     escaped = urllib.parse.quote(name, safe="-_.")
@@ -652,41 +664,27 @@ class ShardCache:
             _close(gfd)
 
     def _global_lock(self, deadline: float, name: str) -> int:
-        fd = _open(os.path.join(self.directory, _GLOBAL_LOCK), os.O_RDWR | os.O_CREAT)
-        try:
-            _lock(
-                fd,
-                fcntl.LOCK_EX,
-                deadline,
-                lambda: (
-                    f"shard cache {self.directory}: waited longer than timeout_s={self.timeout_s} "
-                    f"for its lock, to make room for shard {name}; a process holding it may be stopped"
-                ),
-            )
-        except BaseException:
-            _close(fd)
-            raise
-        return fd
+        return _held(
+            os.path.join(self.directory, _GLOBAL_LOCK),
+            deadline,
+            lambda: (
+                f"shard cache {self.directory}: waited longer than timeout_s={self.timeout_s} "
+                f"for its lock, to make room for shard {name}; a process holding it may be stopped"
+            ),
+        )
 
     def _download_lock(self, name: str, deadline: float) -> int:
         """The shard's download lock, held (exclusive) through the returned descriptor (closing
         it drops the lock); waits until `deadline` for a process downloading the shard."""
-        fd = _open(os.path.join(self.directory, _LOCKS, _escape(name)), os.O_RDWR | os.O_CREAT)
-        try:
-            _lock(
-                fd,
-                fcntl.LOCK_EX,
-                deadline,
-                lambda: (
-                    f"shard cache {self.directory}: another process has been downloading shard "
-                    f"{name} for longer than timeout_s={self.timeout_s}: raise timeout_s or look "
-                    "for a stuck process"
-                ),
-            )
-        except BaseException:
-            _close(fd)
-            raise
-        return fd
+        return _held(
+            os.path.join(self.directory, _LOCKS, _escape(name)),
+            deadline,
+            lambda: (
+                f"shard cache {self.directory}: another process has been downloading shard "
+                f"{name} for longer than timeout_s={self.timeout_s}: raise timeout_s or look "
+                "for a stuck process"
+            ),
+        )
 
     def _download(
         self,

@@ -3,7 +3,9 @@ and https), fsspec (s3fs for s3, and any scheme fsspec knows) or `os` for local 
 what each client's exceptions mean (`classify`: missing, denied, transient or fatal).
 
 Nothing here retries: `Store` does, so that each attempt is counted and bounded in one place.
-Both remote clients are imported only when a backend is made, and their own retries are off.
+A backend is given what it uses, the prefix (`Prefix`) and where to count (`Counters`), not
+the `Store`. Both remote clients are imported only when a backend is made, and their own
+retries are off.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import os
 import re
 import threading
 import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, BinaryIO
 
@@ -156,12 +160,74 @@ def check_size(url: str, actual: int, expected: int | None) -> None:
         raise SizeMismatch(f"{url} is {actual} bytes, but {expected} were expected")
 
 
-class Backend:
-    """One client's requests; each method is one attempt (the Store retries)."""
+@dataclass(frozen=True)
+class Prefix:
+    """What a backend is told of its `Store`: where the objects are and how to reach them
+    (retrying, and choosing the client, are the Store's).
 
-    def __init__(self, store: Any) -> None:
-        self.store = store
-        self.counters = store.counters
+    Args:
+        url: The prefix URL, without a trailing "/".
+        scheme: Its scheme ("file" for a local path).
+        root: A local prefix's folder (for a remote one, the URL).
+        storage_options: The options for the client.
+        timeout_s: How long a request may send nothing before it is abandoned.
+    """
+
+    url: str
+    scheme: str
+    root: str
+    storage_options: Mapping[str, Any]
+    timeout_s: float
+
+    def url_of(self, name: str) -> str:
+        """The URL of object `name` under the prefix, for messages."""
+        return f"{self.url}/{name}"
+
+
+@dataclass
+class Counters:
+    """What a `Store` asked of its server in this process.
+
+    Args:
+        requests: Requests made, each retry and each chunk of a download included.
+            Defaults to 0.
+        bytes: Bytes received (of object data). Defaults to 0.
+        retries: Attempts made after a transient failure. Defaults to 0.
+    """
+
+    requests: int = 0
+    bytes: int = 0
+    retries: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, requests: int = 0, nbytes: int = 0, retries: int = 0) -> None:
+        """Add to the counts (thread safe).
+
+        Args:
+            requests: Requests to add. Defaults to 0.
+            nbytes: Bytes to add. Defaults to 0.
+            retries: Retries to add. Defaults to 0.
+        """
+        with self.lock:
+            self.requests += requests
+            self.bytes += nbytes
+            self.retries += retries
+
+    def __getstate__(self) -> dict[str, int]:
+        return {"requests": self.requests, "bytes": self.bytes, "retries": self.retries}
+
+    def __setstate__(self, state: dict[str, int]) -> None:
+        self.__dict__.update(state)
+        self.lock = threading.Lock()
+
+
+class Backend:
+    """One client's requests; each method is one attempt (the Store retries). Each counts its
+    requests and the bytes they bring in `counters`."""
+
+    def __init__(self, prefix: Prefix, counters: Counters) -> None:
+        self.prefix = prefix
+        self.counters = counters
 
     def read(self, name: str, start: int | None, end: int | None) -> bytes:
         raise NotImplementedError
@@ -181,7 +247,7 @@ class Backend:
 
 class LocalBackend(Backend):
     def _path(self, name: str) -> str:
-        return os.path.join(self.store._root, name)
+        return os.path.join(self.prefix.root, name)
 
     def read(self, name: str, start: int | None, end: int | None) -> bytes:
         self.counters.add(requests=1)
@@ -196,7 +262,7 @@ class LocalBackend(Backend):
         self.counters.add(requests=1)
         written = 0
         with open(self._path(name), "rb") as f:
-            check_size(self.store.url_of(name), os.fstat(f.fileno()).st_size, size)
+            check_size(self.prefix.url_of(name), os.fstat(f.fileno()).st_size, size)
             while True:
                 chunk = f.read(CHUNK_BYTES)
                 if not chunk:
@@ -225,7 +291,7 @@ class LocalBackend(Backend):
 
     def list(self) -> list[str]:
         self.counters.add(requests=1)
-        root = self.store._root
+        root = self.prefix.root
         if not os.path.isdir(root):
             return []
         found = []
@@ -236,14 +302,14 @@ class LocalBackend(Backend):
 
 
 class ObstoreBackend(Backend):
-    def __init__(self, store: Any) -> None:
-        super().__init__(store)
+    def __init__(self, prefix: Prefix, counters: Counters) -> None:
+        super().__init__(prefix, counters)
         import obstore.store
 
         global _obstore_used_in
         _obstore_used_in = os.getpid()
         self.client: Any
-        timeout = timedelta(seconds=store.timeout_s)
+        timeout = timedelta(seconds=prefix.timeout_s)
         client_options: dict[str, Any] = {
             "connect_timeout": timeout,
             "read_timeout": timeout,
@@ -251,12 +317,12 @@ class ObstoreBackend(Backend):
             "timeout": timedelta(days=1),
         }
         retry_config: Any = {"max_retries": 0}
-        parsed = urllib.parse.urlsplit(store.url)
-        options: dict[str, Any] = dict(store.storage_options)
-        if store.scheme == "file":
-            os.makedirs(store._root, exist_ok=True)
-            self.client = obstore.store.LocalStore(store._root)
-        elif store.scheme in ("s3", "s3a"):
+        parsed = urllib.parse.urlsplit(prefix.url)
+        options: dict[str, Any] = dict(prefix.storage_options)
+        if prefix.scheme == "file":
+            os.makedirs(prefix.root, exist_ok=True)
+            self.client = obstore.store.LocalStore(prefix.root)
+        elif prefix.scheme in ("s3", "s3a"):
             config: dict[str, Any] = {}
             for key, value in options.items():
                 config[S3_OPTION_KEYS.get(key, key)] = value
@@ -291,7 +357,7 @@ class ObstoreBackend(Backend):
                 self.client = make(config)
         else:
             from_url: Any = obstore.store.from_url
-            self.client = from_url(store.url, client_options=client_options, retry_config=retry_config, **options)
+            self.client = from_url(prefix.url, client_options=client_options, retry_config=retry_config, **options)
 
     def read(self, name: str, start: int | None, end: int | None) -> bytes:
         import obstore
@@ -310,7 +376,7 @@ class ObstoreBackend(Backend):
                 raise
         data = bytes(result.bytes())
         self.counters.add(nbytes=len(data))
-        check_range(self.store.url_of(name), len(data), start or 0, end, result.meta["size"])
+        check_range(self.prefix.url_of(name), len(data), start or 0, end, result.meta["size"])
         return data
 
     def download(self, name: str, out: BinaryIO, size: int | None) -> int:
@@ -319,13 +385,13 @@ class ObstoreBackend(Backend):
         self.counters.add(requests=1)
         result = obstore.get(self.client, name)
         expected = result.meta["size"]
-        check_size(self.store.url_of(name), expected, size)
+        check_size(self.prefix.url_of(name), expected, size)
         written = 0
         for chunk in result.stream(min_chunk_size=CHUNK_BYTES):
             out.write(memoryview(chunk))
             written += len(chunk)
             self.counters.add(nbytes=len(chunk))
-        check_range(self.store.url_of(name), written, 0, None, expected)
+        check_range(self.prefix.url_of(name), written, 0, None, expected)
         return written
 
     def write(self, name: str, data: bytes) -> None:
@@ -351,12 +417,12 @@ class ObstoreBackend(Backend):
 
 
 class FsspecBackend(Backend):
-    def __init__(self, store: Any) -> None:
-        super().__init__(store)
+    def __init__(self, prefix: Prefix, counters: Counters) -> None:
+        super().__init__(prefix, counters)
         import fsspec  # type: ignore[import-untyped]
 
-        options: dict[str, Any] = dict(store.storage_options)
-        if store.scheme in ("s3", "s3a"):
+        options: dict[str, Any] = dict(prefix.storage_options)
+        if prefix.scheme in ("s3", "s3a"):
             client_kwargs = dict(options.pop("client_kwargs", {}) or {})
             for key in ("endpoint_url", "endpoint"):
                 if key in options:
@@ -376,20 +442,20 @@ class FsspecBackend(Backend):
                 if ours in options:
                     options[theirs] = options.pop(ours)
             config = dict(options.pop("config_kwargs", {}) or {})
-            config.setdefault("connect_timeout", store.timeout_s)
-            config.setdefault("read_timeout", store.timeout_s)
+            config.setdefault("connect_timeout", prefix.timeout_s)
+            config.setdefault("read_timeout", prefix.timeout_s)
             config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
             options["client_kwargs"] = client_kwargs
             options["config_kwargs"] = config
             options.setdefault("use_listings_cache", False)
-        self.fs: Any = fsspec.filesystem(store.scheme, skip_instance_cache=True, **options)
+        self.fs: Any = fsspec.filesystem(prefix.scheme, skip_instance_cache=True, **options)
         # s3fs retries on its own, and reads a whole object as a HEAD and then several
         # ranges at once: one attempt is one request here, counted and retried by the Store
         self.cat_options: dict[str, Any] = {}
-        if store.scheme in ("s3", "s3a"):
+        if prefix.scheme in ("s3", "s3a"):
             self.fs.retries = 1
             self.cat_options["max_concurrency"] = 1
-        self.root = self.fs._strip_protocol(store.url).rstrip("/")
+        self.root = self.fs._strip_protocol(prefix.url).rstrip("/")
 
     def _path(self, name: str) -> str:
         return f"{self.root}/{name}"
@@ -408,12 +474,12 @@ class FsspecBackend(Backend):
             wanted = (end if end is not None else 0) - (start or 0)
             if end is None or len(data) != wanted:
                 # fewer bytes than asked for: the object's end, or a body cut short?
-                check_range(self.store.url_of(name), len(data), start or 0, end, self.size(name))
+                check_range(self.prefix.url_of(name), len(data), start or 0, end, self.size(name))
         return bytes(data)
 
     def download(self, name: str, out: BinaryIO, size: int | None) -> int:
         total = self.size(name)
-        check_size(self.store.url_of(name), total, size)
+        check_size(self.prefix.url_of(name), total, size)
         path = self._path(name)
         written = 0
         while written < total:
@@ -423,7 +489,7 @@ class FsspecBackend(Backend):
             self.counters.add(nbytes=len(chunk))
             if len(chunk) != end - written:
                 raise Transient(
-                    f"{self.store.url_of(name)}: body of {len(chunk)} bytes where "
+                    f"{self.prefix.url_of(name)}: body of {len(chunk)} bytes where "
                     f"{end - written} were expected at offset {written}"
                 )
             out.write(chunk)
@@ -440,7 +506,7 @@ class FsspecBackend(Backend):
 
     def size(self, name: str) -> int:
         self.counters.add(requests=1)
-        if self.store.scheme in ("s3", "s3a"):
+        if self.prefix.scheme in ("s3", "s3a"):
             # one HEAD: s3fs's info() follows a 404 with a listing (is it a directory?)
             bucket, key, _ = self.fs.split_path(self._path(name))
             return int(self.fs.call_s3("head_object", Bucket=bucket, Key=key)["ContentLength"])

@@ -33,7 +33,7 @@ from .._base.checks import check_bool, check_callable, check_choice, check_int, 
 from .._base.process import PerProcess, finalize
 from .._data.datasets import Dataset
 from .._data.identity import callable_name
-from .ahead import DownloadsAhead, Reads, download_parts
+from .ahead import DownloadsAhead, Reads, Tally, download_parts
 from .cache import ShardCache
 from .errors import AccessDeniedError, MissingObjectError, StoreError
 from .formats import decode_auto, read_parquet_row, read_tar_sample
@@ -218,7 +218,7 @@ class ShardedDataset(Dataset[Any]):
             start, end = shard.byte_range(k)
             opened = self._opened()
             for _ in range(8):
-                fd = opened.fd(number, self)
+                fd = opened.fd(number)
                 if fd is None:
                     continue
                 data = os.pread(fd, end - start, start)
@@ -233,11 +233,15 @@ class ShardedDataset(Dataset[Any]):
         """What each process makes for itself (again in a forked child; a worker never makes
         the downloads ahead)."""
         self._ahead: PerProcess[DownloadsAhead] = PerProcess(self._new_ahead, close=DownloadsAhead.close)
-        self._open_shards: PerProcess[_OpenShards] = PerProcess(_OpenShards, close=_OpenShards.close)
+        self._open_shards: PerProcess[_OpenShards] = PerProcess(self._new_open_shards, close=_OpenShards.close)
         self._reads: PerProcess[Reads] = PerProcess(self._new_reads, close=Reads.close)
 
     def _new_ahead(self) -> DownloadsAhead:
-        return DownloadsAhead(self, self.download_threads)
+        tally = Tally(self._reads_dir(), self._reads_key, len(self.index.shards))
+        return DownloadsAhead(self.shard_starts, self._sizes, self._lease, self._unpin, tally, self.download_threads)
+
+    def _new_open_shards(self) -> _OpenShards:
+        return _OpenShards(self._fetch)
 
     def _new_reads(self) -> Reads:
         return Reads(self._reads_dir(), self._reads_key, len(self.index.shards))
@@ -262,7 +266,7 @@ class ShardedDataset(Dataset[Any]):
         part = self.part_bytes
         if self.store.scheme == "file" or part is None or size <= 2 * part:
             return partial(self.store.download, shard.name, size=size)
-        return partial(download_parts, self.store, shard.name, size, part, self.download_threads)
+        return partial(download_parts, self.store.read, shard.name, size, part, self.download_threads)
 
     def _fetch(self, number: int) -> str:
         shard = self.index.shards[number]
@@ -276,6 +280,9 @@ class ShardedDataset(Dataset[Any]):
         return self.cache.lease(
             shard.name, int(shard.size), shard.sha256, self._fetcher(number), max(self._sizes), decided
         )
+
+    def _unpin(self, number: int) -> None:
+        self.cache.unpin(self.index.shards[number].name)
 
     # ------------------------------------------------------------------ the look-ahead hook
     def stoker_upcoming(self, indices: list[int], behind: int) -> bool:
@@ -295,7 +302,7 @@ class ShardedDataset(Dataset[Any]):
             True when the downloads would run further ahead: the loader then draws the next
             batch at once.
         """
-        return self._ahead.get().drawn(indices, behind)
+        return self._ahead.get().drawn(indices, behind, self.prefetch_shards, self.cache_bytes)
 
     def close(self) -> None:
         """Stop the downloads ahead and close the shards this process has open (the cache's
@@ -349,18 +356,19 @@ class _OpenShards:
     MOST = 32
     TOUCH_S = 0.5
 
-    def __init__(self) -> None:
+    def __init__(self, fetch: Callable[[int], str]) -> None:
+        self.fetch = fetch  # shard number -> the path of its file in the cache, fetched if absent
         self.open: collections.OrderedDict[int, list[Any]] = collections.OrderedDict()  # number -> [fd, touched]
         # the descriptors are closed with this object, in this process only: a forked child's
         # copy forgets them (the holder never closes a parent's value)
         self._closer = finalize(self, _close_all, self.open)
 
-    def fd(self, number: int, dataset: ShardedDataset) -> int | None:
+    def fd(self, number: int) -> int | None:
         held = self.open.get(number)
         if held is not None:
             self.open.move_to_end(number)
             return int(held[0])
-        path = dataset._fetch(number)
+        path = self.fetch(number)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:  # evicted since the fetch

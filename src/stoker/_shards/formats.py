@@ -9,8 +9,9 @@ webdataset 1.0.2 groups by, so both read the same samples from the same shard.
 The reader parses the 512-byte headers itself, which is what a random read of one sample needs
 to be fast: ustar, and the pax and GNU long-name headers that give a member its path and size
 (webdataset's writer puts a pax header before every member); the rarer extended headers (global
-pax headers, other charsets, sparse files) are decoded by Python's `tarfile`.
-The writers are in writer.py.
+pax headers, other charsets, sparse files) are decoded by Python's `tarfile`. One parser
+(`_member`) serves both readers; the headers the writer (writer.py) writes are made here too,
+beside it (`ustar_header`, `pax_record`).
 
 Parquet shards hold one sample per row; the unit of random access is the row group, and the
 last few decoded row groups are kept per process. pyarrow is imported only when a Parquet
@@ -27,7 +28,7 @@ import pickle
 import re
 import tarfile
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -170,6 +171,55 @@ def _padded(size: int) -> int:
     return (size + BLOCK - 1) // BLOCK * BLOCK
 
 
+def ustar_header(name: bytes, size: int, kind: bytes = b"0") -> bytes:
+    """The ustar header block `TarShardWriter` writes before a member (`_decode_header` reads
+    it back)."""
+    header = bytearray(BLOCK)
+    header[0 : len(name)] = name
+    header[100:108] = b"0000444\x00"  # mode r--r--r--
+    header[108:116] = b"0000000\x00"  # uid
+    header[116:124] = b"0000000\x00"  # gid
+    header[124:136] = b"%011o\x00" % size
+    header[136:148] = b"00000000000\x00"  # mtime: fixed, so equal input gives equal shards
+    header[148:156] = b" " * 8
+    header[156:157] = kind
+    header[257:265] = b"ustar\x0000"
+    header[148:156] = b"%06o\x00 " % sum(header)
+    return bytes(header)
+
+
+def pax_record(key: str, value: str) -> bytes:
+    """One pax record: `<length> <key>=<value>` and a newline, the length counting itself."""
+    body = f" {key}={value}\n".encode()
+    length = len(body) + 1
+    while len(str(length)) + len(body) != length:
+        length += 1
+    return str(length).encode() + body
+
+
+def _member(header: bytes, take: Callable[[int, str], bytes]) -> tuple[str, int, bytes]:
+    """(name, size, type flag) of the member whose first header block is `header`, the one
+    header parser of both readers. Extended headers (pax, GNU long names) are followed to the
+    member's own header: `take(size, what)` gives the next `size` bytes of the tar, padded to
+    whole blocks (a shorter padding is the caller's to notice), or raises ValueError saying
+    the tar ends inside `what`. Raises ValueError when a header does not parse."""
+    kind = header[156:157]
+    if kind not in _EXTENDED:
+        return _decode_header(header)
+    chunk, native = [header], True
+    found: dict[str, Any] = {}
+    while kind in _EXTENDED:
+        _, size, _ = _decode_header(chunk[-1])
+        chunk.append(take(size, "an extended header"))
+        native = _apply_extended(kind, chunk[-1][:size], found) and native
+        chunk.append(take(BLOCK, "a header"))
+        kind = chunk[-1][156:157]
+    if not native:
+        return _resolve_extended(b"".join(chunk))
+    name, size, kind = _decode_header(chunk[-1])
+    return found.get("path", name), found.get("size", size), kind
+
+
 def read_tar_sample(
     data: bytes | bytearray | memoryview, shard: str = "<tar bytes>", sample: object = None
 ) -> dict[str, Any]:
@@ -193,34 +243,22 @@ def read_tar_sample(
     pos = 0
     key: str | None = None
     fields: dict[str, Any] = {}
+
+    def take(size: int, what: str) -> bytes:
+        nonlocal pos
+        if pos + size > end:  # only extended headers are taken: a member's data is sliced below
+            raise ValueError("the bytes end inside an extended header")
+        got = view[pos : pos + _padded(size)].tobytes()
+        pos += _padded(size)
+        return got
+
     try:
         while pos + BLOCK <= end:
-            header = view[pos : pos + BLOCK]
+            header = view[pos : pos + BLOCK].tobytes()
             if header == _ZERO_BLOCK:
                 break
-            kind = header[156:157].tobytes()
-            if kind in _EXTENDED:
-                first, native = pos, True
-                found: dict[str, Any] = {}
-                while kind in _EXTENDED:
-                    _, size, _ = _decode_header(view[pos : pos + BLOCK])
-                    if pos + BLOCK + size > end:
-                        raise ValueError("the bytes end inside an extended header")
-                    payload = view[pos + BLOCK : pos + BLOCK + size].tobytes()
-                    native = _apply_extended(kind, payload, found) and native
-                    pos += BLOCK + _padded(size)
-                    if pos + BLOCK > end:
-                        raise ValueError("the bytes end inside an extended header")
-                    kind = view[pos + 156 : pos + 157].tobytes()
-                if native:
-                    name, size, kind = _decode_header(view[pos : pos + BLOCK])
-                    name, size = found.get("path", name), found.get("size", size)
-                else:
-                    name, size, kind = _resolve_extended(view[first : pos + BLOCK].tobytes())
-                pos += BLOCK
-            else:
-                name, size, kind = _decode_header(header)
-                pos += BLOCK
+            pos += BLOCK
+            name, size, kind = _member(header, take)
             if pos + size > end:
                 raise ValueError(f"the bytes end inside member {name!r}")
             if kind in _REGULAR:
@@ -278,6 +316,13 @@ def iter_tar_samples(
     start = end = 0
     count = 0  # samples yielded
     name: str | None = None
+
+    def take(size: int, what: str) -> bytes:
+        nonlocal pos
+        got = _read_exact(fileobj, _padded(size), what)
+        pos += len(got)
+        return got
+
     try:
         while True:
             member_start, name = pos, None
@@ -288,25 +333,8 @@ def iter_tar_samples(
                 raise ValueError("the tar ends inside a header (cut short?)")
             if header == _ZERO_BLOCK:
                 break
-            kind = header[156:157]
-            if kind in _EXTENDED:
-                chunk, native = [header], True
-                found: dict[str, Any] = {}
-                while kind in _EXTENDED:
-                    _, size, _ = _decode_header(chunk[-1])
-                    chunk.append(_read_exact(fileobj, _padded(size), "an extended header"))
-                    native = _apply_extended(kind, chunk[-1][:size], found) and native
-                    chunk.append(_read_exact(fileobj, BLOCK, "a header"))
-                    kind = chunk[-1][156:157]
-                pos += sum(len(c) for c in chunk)
-                if native:
-                    name, size, kind = _decode_header(chunk[-1])
-                    name, size = found.get("path", name), found.get("size", size)
-                else:
-                    name, size, kind = _resolve_extended(b"".join(chunk))
-            else:
-                name, size, kind = _decode_header(header)
-                pos += BLOCK
+            pos += BLOCK
+            name, size, kind = _member(header, take)
             body = _read_exact(fileobj, _padded(size), f"member {name!r}")
             pos += len(body)
             parts = split_name(name) if kind in _REGULAR else None

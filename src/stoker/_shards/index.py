@@ -77,8 +77,7 @@ class ShardInfo:
         """
         if self.offsets is None:
             raise ValueError(f"{self.name} is not a tar shard: it has no byte offsets")
-        if not 0 <= k < self.samples:
-            raise IndexError(f"{self.name} holds {self.samples} samples, asked for sample {k}")
+        self._check_sample(k)
         return int(self.offsets[k]), int(self.offsets[k + 1])
 
     def row_of(self, k: int) -> tuple[int, int]:
@@ -96,8 +95,7 @@ class ShardInfo:
         """
         if self.row_groups is None:
             raise ValueError(f"{self.name} is not a Parquet shard: it has no row groups")
-        if not 0 <= k < self.samples:
-            raise IndexError(f"{self.name} holds {self.samples} samples, asked for sample {k}")
+        self._check_sample(k)
         group = 0
         for rows in self.row_groups:
             if k < rows:
@@ -105,6 +103,10 @@ class ShardInfo:
             k -= rows
             group += 1
         raise IndexError(f"{self.name}: its row groups hold fewer rows than its samples")
+
+    def _check_sample(self, k: int) -> None:
+        if not 0 <= k < self.samples:
+            raise IndexError(f"{self.name} holds {self.samples} samples, asked for sample {k}")
 
     def to_json(self) -> dict[str, Any]:
         """The shard's entry in the index file.

@@ -45,7 +45,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO, cast
 
 from .._base.process import at_fork
-from .clients import Backend, classify, describe
+from .clients import Backend, Counters, Prefix, classify, describe
 from .errors import OwnerGone, RangeNotSatisfiable, Relayed, SizeMismatch, Transient
 
 # How long a new connection has to present its token.
@@ -271,13 +271,13 @@ class RelayBackend(Backend):
     """A `Backend` whose every attempt is made by the owner's client (see the module's
     docstring). Made by `Store` in a process forked from the owner."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, prefix: Prefix, counters: Counters) -> None:
         address = _owner_address()
         if address is None:
             raise OwnerGone("no process to relay requests to")
-        super().__init__(store)
+        super().__init__(prefix, counters)
         self.address, self.token, self.owner = address
-        self.key = (store.url, store.storage_options, "obstore", store.timeout_s)
+        self.key = (prefix.url, prefix.storage_options, "obstore", prefix.timeout_s)
 
     def _gone(self) -> OwnerGone:
         return OwnerGone(

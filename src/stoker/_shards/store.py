@@ -24,11 +24,9 @@ from __future__ import annotations
 
 import os
 import random
-import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TypeVar
 
 from .._base.checks import check_choice, check_int, check_number, fail
@@ -38,9 +36,11 @@ from .clients import (
     OBSTORE_SCHEMES,
     S3_OPTION_KEYS,
     Backend,
+    Counters,
     FsspecBackend,
     LocalBackend,
     ObstoreBackend,
+    Prefix,
     classify,
     describe,
     obstore_installed,
@@ -58,43 +58,6 @@ T = TypeVar("T")
 
 # The longest wait between two attempts, whatever `backoff_s` and the attempt number say.
 MAX_BACKOFF_S = 20.0
-
-
-@dataclass
-class Counters:
-    """What a `Store` asked of its server in this process.
-
-    Args:
-        requests: Requests made, each retry and each chunk of a download included.
-            Defaults to 0.
-        bytes: Bytes received (of object data). Defaults to 0.
-        retries: Attempts made after a transient failure. Defaults to 0.
-    """
-
-    requests: int = 0
-    bytes: int = 0
-    retries: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, requests: int = 0, nbytes: int = 0, retries: int = 0) -> None:
-        """Add to the counts (thread safe).
-
-        Args:
-            requests: Requests to add. Defaults to 0.
-            nbytes: Bytes to add. Defaults to 0.
-            retries: Retries to add. Defaults to 0.
-        """
-        with self.lock:
-            self.requests += requests
-            self.bytes += nbytes
-            self.retries += retries
-
-    def __getstate__(self) -> dict[str, int]:
-        return {"requests": self.requests, "bytes": self.bytes, "retries": self.retries}
-
-    def __setstate__(self, state: dict[str, int]) -> None:
-        self.__dict__.update(state)
-        self.lock = threading.Lock()
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -211,14 +174,15 @@ class Store:
 
     def _make_backend(self) -> Backend:
         kind = self.backend
+        prefix = Prefix(self.url, self.scheme, self._root, self.storage_options, self.timeout_s)
         if kind == "local":
-            return LocalBackend(self)
+            return LocalBackend(prefix, self.counters)
         if kind == "obstore":
             if obstore_usable():
                 relay.become_owner(Store)  # before the runtime starts: see `relay`
-                return ObstoreBackend(self)
+                return ObstoreBackend(prefix, self.counters)
             if relay.available():
-                return relay.RelayBackend(self)
+                return relay.RelayBackend(prefix, self.counters)
             raise StoreError(
                 self.url,
                 "client='obstore' cannot run in a process forked from one that used "
@@ -226,7 +190,7 @@ class Store:
                 "no relay to that process: use client='fsspec', or start worker "
                 "processes with 'spawn' or 'forkserver'",
             )
-        return FsspecBackend(self)
+        return FsspecBackend(prefix, self.counters)
 
     def _attempt(self, url: str, op: Callable[[], T]) -> T:
         """Run `op` until it succeeds, retrying transient failures with backoff."""

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .._base.checks import check_choice, check_int, fail
-from .formats import BLOCK, _padded, _pyarrow, encode_auto, split_name
+from .formats import BLOCK, _padded, _pyarrow, encode_auto, pax_record, split_name, ustar_header
 from .index import FORMATS, Index, ShardInfo
 from .store import Store
 
@@ -33,29 +33,6 @@ _ROW_GROUP_BYTES = 1 << 20  # a row group a random read decodes whole: small, fo
 _UPLOADS_IN_FLIGHT = 2
 
 Encoder = Callable[[Any, str], Any]
-
-
-def _ustar_header(name: bytes, size: int, kind: bytes = b"0") -> bytes:
-    header = bytearray(BLOCK)
-    header[0 : len(name)] = name
-    header[100:108] = b"0000444\x00"  # mode r--r--r--
-    header[108:116] = b"0000000\x00"  # uid
-    header[116:124] = b"0000000\x00"  # gid
-    header[124:136] = b"%011o\x00" % size
-    header[136:148] = b"00000000000\x00"  # mtime: fixed, so equal input gives equal shards
-    header[148:156] = b" " * 8
-    header[156:157] = kind
-    header[257:265] = b"ustar\x0000"
-    header[148:156] = b"%06o\x00 " % sum(header)
-    return bytes(header)
-
-
-def _pax_record(key: str, value: str) -> bytes:
-    body = f" {key}={value}\n".encode()
-    length = len(body) + 1
-    while len(str(length)) + len(body) != length:
-        length += 1
-    return str(length).encode() + body
 
 
 class TarShardWriter:
@@ -121,13 +98,13 @@ class TarShardWriter:
             if len(raw_name) > 100 or size >= 8**11:
                 records = b""
                 if len(raw_name) > 100:
-                    records += _pax_record("path", name)
+                    records += pax_record("path", name)
                 if size >= 8**11:
-                    records += _pax_record("size", str(size))
-                self._put(_ustar_header(b"././@PaxHeader", len(records), b"x"))
+                    records += pax_record("size", str(size))
+                self._put(ustar_header(b"././@PaxHeader", len(records), b"x"))
                 self._put(records + bytes(_padded(len(records)) - len(records)))
                 raw_name = raw_name[:100]
-            self._put(_ustar_header(raw_name, min(size, 8**11 - 1)))
+            self._put(ustar_header(raw_name, min(size, 8**11 - 1)))
             self._put(bytes(value))
             self._put(bytes(_padded(size) - size))
         self.offsets.append(self.size)
