@@ -3,7 +3,8 @@
 A `LoaderIterator` is made from a `LoadPlan` (one frozen value the loader builds). Each
 `__next__` refills the prefetch window, hands out the next batch the scheduler releases,
 and otherwise waits on the engine — in slices, so that a dead worker is seen within a
-second and `timeout` is honoured.
+second and `timeout` is honoured. Opening an epoch (its order, the base seed, the origin a
+state saves) is `epochs.EpochOpener`'s; the iterator gives what it opens to its scheduler.
 
 A worker process that dies costs nothing already made: the batches before the first one it
 owed are delivered, and then either it is replaced (`max_worker_restarts`: same id and
@@ -40,18 +41,18 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
-from .._base.hooks import SetsEpoch, follows, upcoming_of
+from .._base.hooks import SetsEpoch, follows
 from . import forksafe, hostpin
-from .ahead import MOST_AHEAD, drawing_ahead
 from .auto import Head
 from .datapipes import agreed_seed, distributed_share, is_iter_datapipe, seed_group, seed_pipe
 from .engines import Death, Engine, ProcessEngine, SerialEngine, make_engine
+from .epochs import EpochOpener
 from .errors import ExceptionInfo, WorkerDiedError, WorkerRestartWarning, describe_index
 from .pin import PinThread, device_setup, pin_function
 from .plan import LoadPlan
 from .protocol import Done, Exhausted, Failed, ReplicaBatch, Reset, Task
 from .replica import Kept, Record
-from .resume import Progress, capture_epoch, is_stateful, open_epoch, recording, stateful_user_sampler
+from .resume import Progress, is_stateful
 from .scheduler import Owed, Scheduler
 from .stats import EpochBar, LoaderStats, Recorder, clock
 from .worker import WorkerProcess
@@ -69,8 +70,6 @@ class LoaderIterator(Generic[T]):
         """`begun`: when the consumer called `iter()` (the clock of `stats`), if earlier than now."""
         begun = clock() if begun is None else begun
         self._plan = plan
-        # The sampler's iterator exists before the workers' base seed is drawn, as in torch,
-        # so a shared generator is consumed in the same order.
         self._progress = Progress(
             None if plan.iterable else plan.index_sampler,
             plan.seed_source,
@@ -82,22 +81,16 @@ class LoaderIterator(Generic[T]):
         )
         self._replica_of: dict[int, tuple[int, Record]] = {}  # task -> (worker, its replica's record)
         self._finals: dict[int, tuple[int, Record]] = {}  # worker -> (task, its stream's end), until passed
-        self._origins = self._progress.origins  # epoch -> what replays its draws
+        self._epochs = EpochOpener(self._progress)
         # a torch IterDataPipe: the shared seed of the epoch the workers start (or reset) with
         self._pipe = plan.iterable and is_iter_datapipe(plan.dataset)
         self._pipe_seed: int | None = None
         # with torch.distributed: where the ranks agree on rank 0's seed, and this rank's share
         self._pipe_group = seed_group() if self._pipe else None
         pipe_share = distributed_share() if self._pipe else (1, 0)
-        first_source, self._base_seed = self._open_first_epoch()
-        if self._pipe and self._pipe_seed is None:  # resumed: a seed of its own
-            self._pipe_seed = self._draw_pipe_seed()
-        self._progress.base_seed = self._base_seed
-        # per-sample draws keep the run's first base seed in every epoch, whether this iterator
-        # lives on (persistent) or each epoch draws its own, as torch's do (see RandomSource.run_seed)
-        if plan.seed_source.run_seed is None:
-            plan.seed_source.run_seed = self._base_seed
-        self._run_seed = plan.seed_source.run_seed
+        # the first epoch's order, then the workers' base seed, drawn in torch's order (see epochs)
+        opened = self._epochs.open_first(plan, self._draw_pipe_seed if self._pipe else None)
+        self._base_seed, self._run_seed, self._pipe_seed = opened.base_seed, opened.run_seed, opened.pipe_seed
         self._broken: BaseException | None = None
         self._yielded = 0
         self._restarts = 0
@@ -139,57 +132,15 @@ class LoaderIterator(Generic[T]):
             iterable_index["iterable_index"] = plan.batch_size if plan.auto_collation else None
         workers = max(plan.num_workers, 1)
         self._scheduler = Scheduler(workers, plan.window, plan.in_order, first_epoch=plan.first_epoch, **iterable_index)
-        start, skip, first_worker = 0, [], 0
-        if plan.resume is not None:
-            start, skip = plan.resume["position"], plan.resume.get("delivered_after", [])
-            first_worker = (plan.resume.get("replicas") or {}).get("next_worker", 0)
-            if plan.iterable and first_worker:  # a state taken now names the same next worker
-                self._progress.last_worker = (first_worker - 1) % workers
-        self._scheduler.begin_epoch(first_source, start=start, skip=skip, first_worker=first_worker)
+        self._scheduler.begin_epoch(
+            opened.source, start=opened.start, skip=opened.skip, first_worker=opened.first_worker
+        )
         self._progress.scheduler = self._scheduler
         self._bar: EpochBar | None = None
         self._begin_stats(plan.first_epoch, begun)
         self._pump()
         if self._recorder is not None:
             self._recorder.wait_s += clock() - begun
-
-    def _open_first_epoch(self) -> tuple[Any, int]:
-        plan = self._plan
-        resume = plan.resume
-        if plan.iterable:  # the replicas restore their own states (see engines)
-            if resume is not None and resume.get("origin") is not None:
-                # redraw the base seed, so that the loader's generator goes on as it did
-                _, drawn = open_epoch(None, plan.seed_source, resume["origin"], 0, resume.get("drawn", True))
-                self._origins[plan.first_epoch] = resume["origin"]
-                base = resume["base_seed"] if resume.get("base_seed") is not None else drawn
-                assert base is not None
-                return None, int(base)
-            self._origins[plan.first_epoch] = capture_epoch(None, plan.seed_source, draws_seed=True)
-            if self._pipe:  # torch draws the pipe's shared seed before the base seed
-                self._pipe_seed = self._draw_pipe_seed()
-            return None, int(plan.seed_source.seed64())
-        if resume is None:
-            self._origins[plan.first_epoch] = capture_epoch(plan.index_sampler, plan.seed_source, draws_seed=True)
-            source = self._recorded(iter(plan.index_sampler), plan.first_epoch, 0)
-            return source, int(plan.seed_source.seed64())
-        source, drawn = open_epoch(
-            plan.index_sampler, plan.seed_source, resume["origin"], resume["position"], resume.get("drawn", True)
-        )
-        saved = resume.get("base_seed")
-        if drawn is not None and saved is not None and drawn != saved:
-            raise ValueError(
-                "this DataLoader state was saved with another generator: replaying its draws gave "
-                f"base seed {drawn}, the state says {saved}; give the loader the generator (seed) "
-                "it was saved with"
-            )
-        self._origins[plan.first_epoch] = resume["origin"]
-        source = self._recorded(source, plan.first_epoch, resume["position"])
-        if resume.get("next_origin") is not None:  # the saved run had drawn its next epoch too
-            self._progress.pending = (plan.first_epoch + 1, resume["next_origin"])
-        base = saved if saved is not None else drawn
-        if base is None:  # an epoch whose saved run drew no base seed, in a new iterator
-            base = plan.seed_source.seed64()
-        return source, int(base)
 
     # --------------------------------------------------------------- epochs
     def usable(self) -> bool:
@@ -235,34 +186,7 @@ class LoaderIterator(Generic[T]):
                 self._new_pipe_seed()
             scheduler.begin_epoch(None, reset_workers=True)
             return
-        number = scheduler.next_epoch_number
-        origin = self._progress.take_pending(number)
-        if origin is not None:
-            source, _ = open_epoch(plan.index_sampler, plan.seed_source, origin, 0)
-        else:
-            origin = capture_epoch(plan.index_sampler, plan.seed_source, draws_seed=False)
-            source = iter(plan.index_sampler)
-        current = scheduler.current_epoch
-        for old in [e for e in self._origins if e < (number if current is None else current)]:
-            del self._origins[old]
-            self._progress.user_states.pop(old, None)
-        self._origins[number] = origin
-        scheduler.begin_epoch(self._recorded(source, number, 0))
-
-    def _recorded(self, source: Any, epoch: int, start: int) -> Any:
-        """A user's stateful sampler has its state recorded after each batch is drawn; each
-        batch is cut to the rows this process loads (`take_rows`); a dataset that fetches
-        ahead (`_base/hooks.py`'s `FetchesAhead`) hears of each batch as it is drawn (ahead)."""
-        plan = self._plan
-        hook = upcoming_of(plan.dataset)
-        user = stateful_user_sampler(plan.index_sampler)
-        if user is not None:
-            record = self._progress.user_states.setdefault(epoch, {})
-            keep = plan.window + 2 + (MOST_AHEAD if hook is not None else 0)
-            source = recording(source, user, record, start, keep=keep)
-        if plan.take_rows is not None:
-            source = map(plan.take_rows, source)
-        return source if hook is None else drawing_ahead(source, hook, plan.window)
+        scheduler.begin_epoch(self._epochs.open_next(plan, scheduler.next_epoch_number, scheduler.current_epoch))
 
     @property
     def _workers(self) -> list[WorkerProcess]:

@@ -5,7 +5,8 @@ epoch, the loader's base-seed draw) consumed, so the state keeps those streams' 
 they were just before the epoch drew (`capture_epoch`) plus how far the consumer got — not
 the order itself. `open_epoch` puts the streams back, redraws the same order, steps over
 the consumed batches without fetching anything (stoker's samplers slice their drawn order;
-others are iterated) and gives the global RNGs back to the caller untouched.
+others are iterated) and gives the global RNGs back to the caller untouched. A loader
+iterator opens its epochs with these through `epochs.py`.
 
 ```
 state = {"version": 1, "config": {...}, "epoch": e, "position": k, "delivered_after": [...],
@@ -312,7 +313,7 @@ def capture_epoch(index_sampler: Any, seed_source: RandomSource, draws_seed: boo
     """What reproduces the draws of an epoch that starts now."""
     sampler: dict[str, Any] = {}
     if isinstance(index_sampler, BatchSampler):
-        sampler["rollover"] = list(index_sampler._leftover)
+        sampler["rollover"] = _rollover(index_sampler)
     for part in (index_sampler, _inner(index_sampler)):
         if follows(part, KeepsEpoch):
             sampler["epoch"] = int(part.epoch)
@@ -353,7 +354,7 @@ def open_epoch(
                 source.restore(state)
         sampler_state = origin.get("sampler", {})
         if isinstance(index_sampler, BatchSampler):
-            index_sampler._leftover = [int(i) for i in sampler_state.get("rollover", [])]
+            _roll_over(index_sampler, sampler_state.get("rollover", []))
         if "epoch" in sampler_state:
             for part in (index_sampler, _inner(index_sampler)):
                 if follows(part, SetsEpoch):
@@ -365,7 +366,7 @@ def open_epoch(
             if at is not None and skip:
                 user.load_state_dict(at)
                 if isinstance(index_sampler, BatchSampler):
-                    index_sampler._leftover = []  # the carried indices went into batch 0
+                    _roll_over(index_sampler, [])  # the carried indices went into batch 0
                 if skip >= _length(index_sampler):
                     # the epoch was used up: the state is the one its sampler had at the end
                     # (see recording), so draw nothing now; a sampler whose loaded state still
@@ -382,6 +383,18 @@ def open_epoch(
         for source, state in callers:  # the caller's own global RNG is left as it was
             source.restore(state)
     return indices, base_seed
+
+
+def _rollover(batches: BatchSampler) -> list[int]:
+    """The indices `batches` carries into its next epoch's first batch (`last_batch='rollover'`)."""
+    # BatchSampler's own state methods, not the object's: a subclass's overrides are its own,
+    # and stoker calls a user's methods only through the protocols it documents
+    return list(BatchSampler.state_dict(batches)["rollover_indices"])
+
+
+def _roll_over(batches: BatchSampler, indices: list[int]) -> None:
+    """Make `batches` carry `indices` into its next epoch's first batch (see `_rollover`)."""
+    BatchSampler.load_state_dict(batches, {"rollover_indices": indices})
 
 
 def _settle(user: Any, state: Any) -> None:
