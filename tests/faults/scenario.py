@@ -4,6 +4,10 @@ Runs one DataLoader with a fault planted somewhere, prints one JSON line describ
 the loop saw (batches, error type and message, how long after the fault the error came)
 and what was left behind once the loader was dropped. The parent test runs this with a
 hard timeout, so a hang shows up as a timeout rather than a stuck test session.
+
+Nothing here depends on how long something takes: the places the scenario needs a worker to
+be are marked with files (the fault's stamp, written as it happens; one file per worker, at
+its first sample) and waited for, each wait bounded generously (READY_S).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -28,7 +33,46 @@ from tests.support.leakcheck import Snapshot
 import stoker
 
 FAULT_AT = 5  # the sample index (map-style) or item number (iterable) that faults
-SLOW_S = 0.5
+READY_S = 60.0  # a bound on a hang: how long a wait for a worker to get somewhere may take
+# ends a hang in a thread worker (which cannot be killed) once its timeout has been reported; in
+# a worker process (a copy of this module) it is never set: the process is killed at shutdown
+RELEASE = threading.Event()
+
+
+def wait_for(what: str, ready: Any) -> None:
+    """Until `ready()`, polled, at most READY_S."""
+    deadline = time.monotonic() + READY_S
+    while not ready():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not happen within {READY_S} s")
+        time.sleep(0.01)
+
+
+def mark_started(stamp: str) -> None:
+    """Note that this worker has fetched its first sample (it is running)."""
+    info = stoker.get_worker_info()
+    path = f"{stamp}.worker{info.id if info else 0}"
+    if not os.path.exists(path):
+        open(path, "w").close()
+
+
+def dead(pid: int) -> bool:
+    """Whether process `pid` has exited (a zombie not yet reaped counts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
+
+
+def wait_for_the_fault(stamp: str) -> None:
+    """Until the planted fault has happened and, in a worker process that dies of it, that
+    process is dead."""
+    wait_for("the planted fault", lambda: os.path.exists(stamp))
+    with open(stamp) as f:
+        pid = json.load(f)["pid"]
+    if pid != os.getpid():  # not a thread of ours
+        wait_for(f"the faulty worker's death (pid {pid})", lambda: dead(pid))
 
 
 def fault(kind: str, stamp: str) -> None:
@@ -49,7 +93,7 @@ def fault(kind: str, stamp: str) -> None:
     if kind == "exit":
         os._exit(7)
     if kind == "hang":
-        time.sleep(float(os.environ.get("SCENARIO_HANG_S", "1000")))
+        RELEASE.wait(float(os.environ.get("SCENARIO_HANG_S", "1000")))
         return
     if kind == "garbage":
         return
@@ -57,8 +101,8 @@ def fault(kind: str, stamp: str) -> None:
 
 
 class Faulty(stoker.Dataset):
-    """`slow_at`: that sample takes SLOW_S, so the fault at FAULT_AT (another worker's) may
-    happen before it is delivered."""
+    """`slow_at`: that sample is made only once the fault at FAULT_AT (another worker's) has
+    happened, so the fault comes before it is delivered."""
 
     def __init__(self, kind: str, place: str, stamp: str, n: int = 12, slow_at: int | None = None) -> None:
         self.kind, self.place, self.stamp, self.n, self.slow_at = kind, place, stamp, n, slow_at
@@ -67,8 +111,9 @@ class Faulty(stoker.Dataset):
         return self.n
 
     def __getitem__(self, i: int) -> Any:
+        mark_started(self.stamp)
         if i == self.slow_at:
-            time.sleep(SLOW_S)
+            wait_for_the_fault(self.stamp)
         if self.place == "getitem" and i == FAULT_AT:
             fault(self.kind, self.stamp)
         return np.full(4, i, np.int64)
@@ -81,6 +126,7 @@ class FaultyStream(stoker.IterableDataset):
         self.kind, self.place, self.stamp, self.n = kind, place, stamp, n
 
     def __iter__(self) -> Any:
+        mark_started(self.stamp)
         info = stoker.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         if self.place == "iter" and worker == 0:
@@ -125,6 +171,15 @@ def _prestart(method: str | None) -> None:
         resource_tracker.ensure_running()
 
 
+def wait_for_the_hang(place: str, stamp: str) -> None:
+    """Until the planted hang has begun and the other worker is running (it has fetched a
+    sample), so that asking for batches from now on waits only for batches being made, and
+    for the hung one."""
+    hung = 0 if place == "iter" else 1  # worker 0's stream hangs in __iter__; worker 1 in the others
+    wait_for("the planted hang", lambda: os.path.exists(stamp))
+    wait_for(f"worker {1 - hung}'s start", lambda: os.path.exists(f"{stamp}.worker{1 - hung}"))
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     kind, place, engine = spec["kind"], spec["place"], spec["engine"]
     stamp = spec["stamp"]
@@ -132,6 +187,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     _prestart(method)
     before = Snapshot()
     kwargs: dict[str, Any] = {"batch_size": 1, "num_workers": 2, "timeout": spec.get("timeout", 0)}
+    if kind == "hang":
+        # each worker is given four samples at once, so worker 1 reaches sample 5 (its third)
+        # before anything is asked of the loader
+        kwargs["prefetch_factor"] = 4
     if engine == "threads":
         kwargs["thread_pool"] = True
     else:
@@ -147,6 +206,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"batches": [], "error": None, "slow_at": spec.get("slow_at")}
     loader = stoker.DataLoader(dataset, **kwargs)
     iterator = iter(loader)
+    if kind == "hang":
+        wait_for_the_hang(place, stamp)
     try:
         for batch in iterator:
             out["batches"].append(int(batch[0][0]))
@@ -164,6 +225,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             out["after_error"] = "StopIteration"
         except Exception as again:
             out["after_error"] = type(again).__name__
+    RELEASE.set()  # a hung thread worker may end now
     if os.path.exists(stamp):
         with open(stamp) as f:
             stamped = json.load(f)

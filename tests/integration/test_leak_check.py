@@ -1,7 +1,7 @@
 """The leak check that tests/conftest.py puts on every test under tests/, whatever its tier:
 run on a generated suite, it must fail exactly the tests that leave something behind, name
-what they left, and let the others (and declared exceptions, and tests that opt out with a
-reason) pass."""
+what they left, and let the others (and declared exceptions, tests that opt out with a
+reason, and what another program on the machine makes meanwhile) pass."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ TESTS = Path(__file__).resolve().parent.parent
 ROOT = TESTS.parent
 
 LEAKY = """
-import os, subprocess, sys, threading
+import mmap, os, subprocess, sys, threading, time
 
 import numpy as np
 import pytest
@@ -61,7 +61,27 @@ def test_pipe():
 
 
 def test_dev_shm_entry():
-    open(os.path.join("/dev/shm", os.environ["LEAKY_SHM_NAME"]), "w").close()
+    # a segment made and kept mapped (not its descriptor: the entry is all that is left)
+    fd = os.open(f"/dev/shm/stoker-leak-check-{os.environ['LEAKY_SHM_TOKEN']}", os.O_CREAT | os.O_RDWR)
+    os.ftruncate(fd, 4096)
+    kept.append(mmap.mmap(fd, 4096))
+    os.close(fd)
+
+
+def test_dev_shm_entry_named_after_this_process():
+    # as torch's file_system strategy names its files; nobody holds it, its name says whose it is
+    open(f"/dev/shm/torch_{os.getpid()}_{os.environ['LEAKY_SHM_TOKEN']}", "w").close()
+
+
+def test_another_programs_dev_shm_entries_are_not_ours():
+    where = os.environ["LEAKY_OTHER_DIR"]
+    open(os.path.join(where, "make"), "w").close()
+    deadline = time.monotonic() + 60  # a bound on a hang
+    while not os.path.exists(os.path.join(where, "made")):
+        assert time.monotonic() < deadline, "the other program never made its entries"
+        time.sleep(0.01)
+    made = [name for name in os.listdir("/dev/shm") if "other" + os.environ["LEAKY_SHM_TOKEN"] in name]
+    assert len(made) == 3, made
 
 
 def test_loader_kept():
@@ -130,6 +150,31 @@ def test_no_leaks_gives_the_snapshot(no_leaks):
 """
 
 
+# Another program on the machine (not a process of the test session's): when asked (a file "make"
+# in its folder), it makes three /dev/shm entries during the test: one nobody holds (as a
+# multiprocessing segment its maker has closed and a resource tracker unlinks later), one it keeps
+# mapped, and one named after it as torch names its files; then it says so ("made") and waits.
+OTHER_PROGRAM = """
+import mmap, os, sys, time
+
+where, token = sys.argv[1], sys.argv[2]
+deadline = time.monotonic() + 120  # a bound on a hang
+while not os.path.exists(os.path.join(where, "make")):
+    if time.monotonic() > deadline:
+        sys.exit("never asked")
+    time.sleep(0.01)
+open(f"/dev/shm/psm_{token}", "w").close()
+fd = os.open(f"/dev/shm/held-{token}", os.O_CREAT | os.O_RDWR)
+os.ftruncate(fd, 4096)
+held = mmap.mmap(fd, 4096)
+os.close(fd)
+open(f"/dev/shm/torch_{os.getpid()}_{token}", "w").close()
+open(os.path.join(where, "made.tmp"), "w").close()
+os.replace(os.path.join(where, "made.tmp"), os.path.join(where, "made"))
+sys.stdin.read()  # holds its mapping until the test is done with it
+"""
+
+
 def outcomes(junit: Path) -> dict[str, list[str]]:
     """Per test name: its failures and errors, as "failure: message" / "error: message"."""
     out = {}
@@ -149,7 +194,12 @@ def test_the_leak_check_fails_what_leaks_and_names_it(tmp_path: Path) -> None:
     (suite / "pytest.ini").write_text("[pytest]\nmarkers =\n    leaks_allowed(*kinds, reason): see pyproject.toml\n")
     (suite / "integration" / "test_leaky.py").write_text(textwrap.dedent(LEAKY))
     (suite / "unit" / "test_other_tier.py").write_text(textwrap.dedent(OTHER_TIER))
-    shm_name = f"stoker-leak-check-{uuid.uuid4().hex}"
+    token = uuid.uuid4().hex
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    other = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(OTHER_PROGRAM), str(other_dir), "other" + token], stdin=subprocess.PIPE
+    )
     junit = tmp_path / "junit.xml"
     try:
         run = subprocess.run(
@@ -169,14 +219,21 @@ def test_the_leak_check_fails_what_leaks_and_names_it(tmp_path: Path) -> None:
                 str(suite),
             ],
             cwd=suite,
-            env=dict(os.environ, LEAKY_SHM_NAME=shm_name, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "src")])),
+            env=dict(
+                os.environ,
+                LEAKY_SHM_TOKEN=token,
+                LEAKY_OTHER_DIR=str(other_dir),
+                PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "src")]),
+            ),
             capture_output=True,
             text=True,
             timeout=90,
         )
     finally:
-        if os.path.exists(f"/dev/shm/{shm_name}"):
-            os.unlink(f"/dev/shm/{shm_name}")
+        other.communicate(timeout=60)  # EOF on its stdin: it exits
+        for name in os.listdir("/dev/shm"):
+            if token in name:
+                os.unlink(f"/dev/shm/{name}")
     output = run.stdout + run.stderr
     assert run.returncode == 1, output
     got = outcomes(junit)
@@ -191,7 +248,11 @@ def test_the_leak_check_fails_what_leaks_and_names_it(tmp_path: Path) -> None:
     assert "child processes left" in error("test_child_process") and "sys.stdin.read()" in error("test_child_process")
     assert "threads left: ['leaky-thread']" in error("test_thread")
     assert "file descriptors left" in error("test_pipe") and "pipe:" in error("test_pipe")
-    assert f"/dev/shm entries left: ['{shm_name}']" in error("test_dev_shm_entry")
+    assert f"/dev/shm entries left: ['stoker-leak-check-{token}']" in error("test_dev_shm_entry")
+    named = error("test_dev_shm_entry_named_after_this_process")
+    assert "/dev/shm entries left: ['torch_" in named and token in named
+    assert got["test_another_programs_dev_shm_entries_are_not_ours"] == [], output
+    assert other.returncode == 0, "the other program was never asked to make its entries"
     kept_loader = error("test_loader_kept")
     assert "/memfd:stoker-slot" in kept_loader and "a DataLoader's arena" in kept_loader
     assert got["test_declared_thread"] == [], output

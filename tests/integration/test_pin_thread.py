@@ -175,13 +175,21 @@ def test_auto_moves_the_epoch_to_workers_forked_before_the_pin_thread(pin_double
 
 # ----------------------------------------------------------------------------- Ctrl-C
 CTRL_C = """
-import _thread, json, sys, time
+import signal
+
+# Python's Ctrl-C, whatever this child inherited: a shell's background job starts its children
+# with SIGINT ignored, and then _thread.interrupt_main() does nothing
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
+import _thread, json, sys, threading, time
 import numpy as np
 import stoker
 from stoker._core import iterator
 
 SLOW = 10  # the first sample of the batch whose pinning Ctrl-C interrupts the wait for
+BOUND_S = 60  # a bound on a hang, not on speed
 interrupted = []
+caught = threading.Event()  # set by the main thread once it has the KeyboardInterrupt
 
 class Range(stoker.Dataset):
     def __len__(self):
@@ -189,12 +197,25 @@ class Range(stoker.Dataset):
     def __getitem__(self, i):
         return np.full(2, i)
 
+def main_thread_waits_on_the_pin_thread():
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None:
+        if frame.f_code.co_name == "_wait_ready":  # PinThread.wait, under next()
+            return True
+        frame = frame.f_back
+    return False
+
+
 def slow_pin(batch):
     if int(batch[0, 0]) == SLOW and not interrupted:
         interrupted.append(1)
-        time.sleep(0.5)  # the main thread is in next(), waiting for this batch
+        deadline = time.monotonic() + BOUND_S
+        while not main_thread_waits_on_the_pin_thread():
+            assert time.monotonic() < deadline, "next() never waited for the pin thread"
+            time.sleep(0.005)
         _thread.interrupt_main()
-        time.sleep(0.5)
+        # the batch stays unpinned until the interrupted next() has returned to the caller
+        assert caught.wait(BOUND_S), "the KeyboardInterrupt never reached the caller"
     return ("pinned", batch)
 
 iterator.pin_function = lambda device, stacklevel: slow_pin
@@ -214,6 +235,7 @@ while True:
     except StopIteration:
         break
     except KeyboardInterrupt:
+        caught.set()
         interrupts += 1
         if sys.argv[1] == "resume":  # the state saved now resumes at the interrupted batch
             state = loader.state_dict()

@@ -158,19 +158,38 @@ def test_reset_mid_object_is_retried(s3_server: S3Server, s3_url: str, fault_pro
     assert proxy.faults["reset"] > 0 and store.counters.retries > 0
 
 
+def test_a_tests_faults_do_not_depend_on_its_bucket(s3_server: S3Server, s3_url: str, fault_proxy) -> None:
+    """The fixtures number buckets per process, so which bucket a test gets depends on the tests
+    run before it there (by xdist's draw): a proxy's faults, drawn per request, must not."""
+    seen = []
+    for bucket in (s3_url, s3_url.replace("/data", "-other/data")):
+        if bucket != s3_url:
+            s3_server.make_bucket(urllib.parse.urlsplit(bucket).netloc)
+        put(s3_server, bucket, "a.bin", BLOB)
+        proxy = fault_proxy(reset_fraction=0.5, seed=1)
+        store = through(proxy, bucket, "obstore")
+        for _ in range(3):
+            assert store.read("a.bin") == BLOB
+        seen.append([outcome for _, _, outcome in proxy.log])
+    assert seen[0] == seen[1] and "reset" in seen[0], seen
+
+
 @pytest.mark.parametrize("client", CLIENTS)
 def test_a_hanging_request_is_retried_after_timeout(s3_server: S3Server, s3_url: str, fault_proxy, client: str) -> None:
     put(s3_server, s3_url, "a.bin", BLOB)
     proxy = fault_proxy(hang_fraction=1.0)
-    store = through(proxy, s3_url, client, timeout_s=1.0)
+    # long enough for the server to answer the retry on a busy machine: a slow answer taken for
+    # a hang would be a second retry
+    store = through(proxy, s3_url, client, timeout_s=3.0)
     got: list[bytes] = []
     started = time.monotonic()
     reader = threading.Thread(target=lambda: got.append(store.read("a.bin")))
     reader.start()
-    while not proxy.faults["hang"] and time.monotonic() - started < 10:
+    while not proxy.faults["hang"]:
+        assert time.monotonic() - started < 60, "the first request never reached the proxy"
         time.sleep(0.01)
     proxy.hang_fraction = 0.0  # the first request hangs; the retry is answered
-    reader.join(timeout=20)
+    reader.join(timeout=60)
     assert not reader.is_alive(), "the read did not give up on a hanging request"
     assert got == [BLOB]
     assert proxy.faults["hang"] == 1 and store.counters.retries == 1
@@ -187,7 +206,9 @@ def test_a_fault_on_every_attempt_ends_in_store_error(
         fail_fraction=float(fault == "503"),
         reset_fraction=float(fault == "reset"),
     )
-    store = through(proxy, s3_url, client, retries=2, timeout_s=0.5)
+    # a short timeout where every attempt hangs; a generous one where the proxy answers (a slow
+    # answer taken for a hang would change the error)
+    store = through(proxy, s3_url, client, retries=2, timeout_s=0.5 if fault == "hang" else 5.0)
     errors: list[BaseException] = []
 
     def read() -> None:
@@ -198,7 +219,7 @@ def test_a_fault_on_every_attempt_ends_in_store_error(
 
     reader = threading.Thread(target=read)
     reader.start()
-    reader.join(timeout=20)
+    reader.join(timeout=60)
     assert not reader.is_alive(), "the read is still waiting"
     assert len(errors) == 1 and isinstance(errors[0], StoreError), errors
     assert str(errors[0]).startswith(store.url_of("a.bin"))
@@ -245,7 +266,7 @@ def test_proxy_adds_first_byte_delay_and_bandwidth_cap(s3_server: S3Server, s3_u
     assert store.read("a.bin") == data
     assert time.monotonic() - started >= 0.22  # 1 MiB at 4 MiB/s
     # the proxy counts a chunk after sending it: the client may have it first
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30  # a bound on a hang
     while proxy.bytes_sent < len(data) + 10 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert proxy.bytes_sent >= len(data) + 10
@@ -270,7 +291,7 @@ def test_server_child_exits_when_its_parent_is_killed() -> None:
         assert child.is_running() and child.status() != psutil.STATUS_ZOMBIE
         parent.kill()
         parent.wait()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # a bound on a hang
         while time.monotonic() < deadline:
             try:
                 if child.status() == psutil.STATUS_ZOMBIE:

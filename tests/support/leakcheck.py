@@ -1,4 +1,5 @@
-"""What a test may not leave behind: child processes, threads, pipes/sockets, /dev/shm entries."""
+"""What a test may not leave behind: child processes, threads, pipes/sockets, /dev/shm entries
+(its own processes' only: see `_ours`)."""
 
 from __future__ import annotations
 
@@ -33,62 +34,83 @@ def _shm() -> set[str]:
         return set()
 
 
-def _used_elsewhere(names: set[str]) -> set[str]:
-    """Those of these /dev/shm entries that a process other than this one and its descendants
-    has open or mapped (matched by inode: glibc's sem_open maps a temporary file that it then
-    renames). /dev/shm is the machine's: other processes (other test sessions on a shared
-    machine) make entries of their own, e.g. multiprocessing's sem.mp-* semaphores, which
-    its spawn and forkserver contexts keep until the lock is collected."""
-    files = {}
-    for name in names:
-        try:
-            st = os.stat(f"/dev/shm/{name}")
-        except OSError:
-            continue
-        files[st.st_dev, st.st_ino] = name
-    ours = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
-    used = set()
-    for pid in os.listdir("/proc"):
-        if not files or not pid.isdigit() or int(pid) in ours:
-            continue
+def _shm_keys(pids: Iterable[int]) -> set[tuple[int, int]]:
+    """The (device, inode) of each /dev/shm file that these processes have open or mapped,
+    deleted or not (matched by inode, not name: glibc's sem_open maps a temporary file that it
+    then renames)."""
+    keys = set()
+    for pid in pids:
         try:
             with open(f"/proc/{pid}/maps") as f:
                 maps = f.read()
-            keys = []
             for line in maps.splitlines():
                 if "/dev/shm/" in line:
                     _, _, _, dev, inode = line.split(maxsplit=5)[:5]
                     major, minor = dev.split(":")
-                    keys.append((os.makedev(int(major, 16), int(minor, 16)), int(inode)))
+                    keys.add((os.makedev(int(major, 16), int(minor, 16)), int(inode)))
             for fd in os.listdir(f"/proc/{pid}/fd"):
-                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/shm/"):
-                    st = os.stat(f"/proc/{pid}/fd/{fd}")
-                    keys.append((st.st_dev, st.st_ino))
+                try:
+                    if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/shm/"):
+                        st = os.stat(f"/proc/{pid}/fd/{fd}")
+                        keys.add((st.st_dev, st.st_ino))
+                except OSError:  # closed meanwhile
+                    continue
         except (OSError, ValueError):  # gone, or not ours to read
             continue
-        for key in keys:
-            name = files.pop(key, None)
-            if name is not None:
-                used.add(name)
-    return used
+    return keys
+
+
+def _tree(pids: Iterable[int]) -> set[int]:
+    """These processes and their descendants, those alive now."""
+    tree = set()
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            tree.update([pid, *(p.pid for p in process.children(recursive=True))])
+        except psutil.Error:
+            continue
+    return tree
+
+
+def _ours(names: set[str], pids: Iterable[int]) -> set[str]:
+    """Those of these /dev/shm entries that the processes `pids` (and their descendants) made,
+    as far as can be told: an entry one of them has open or mapped, or one whose name carries
+    one of their pids (torch's `torch_<pid>_...` files). /dev/shm is the machine's and names no
+    maker: other programs (other test sessions, Grain's workers, multiprocessing's resource
+    trackers unlinking later) make and remove entries there meanwhile, and an entry no process
+    holds, with no pid in its name (multiprocessing's `psm_*` and `sem.mp-*`), cannot be tied
+    to one of ours, so it is not judged; stoker itself names nothing there (memfd slots)."""
+    tree = _tree(pids)
+    numbers = {str(pid) for pid in tree | set(pids)}
+    ours = {name for name in names if _named_pid(name) in numbers}
+    rest = names - ours
+    if not rest:
+        return ours
+    held = _shm_keys(tree)
+    for name in rest:
+        try:
+            st = os.stat(f"/dev/shm/{name}")
+        except OSError:  # removed meanwhile
+            continue
+        if (st.st_dev, st.st_ino) in held:
+            ours.add(name)
+    return ours
+
+
+def _named_pid(name: str) -> str | None:
+    """The pid a /dev/shm entry's name says made it (torch's `torch_<pid>_...`), if any."""
+    parts = name.split("_")
+    if len(parts) > 2 and parts[0] == "torch" and parts[1].isdigit():
+        return parts[1]
+    return None
 
 
 def shm_left(before: set[str], pids: Iterable[int]) -> list[str]:
-    """The /dev/shm entries made since `before` (a listing) that may be the leftovers of the
-    test's processes (`pids`: its children and their workers, alive or not): /dev/shm is the
-    machine's, and other programs make and remove entries there meanwhile. An entry another
-    process has open or mapped is theirs; so is one whose name carries another process's pid
-    (torch's `torch_<pid>_...` files), as far as the name says.
-    """
-    ours = {str(pid) for pid in pids}
-    found = _shm() - before
-    found -= _used_elsewhere(found)
-    return sorted(name for name in found if not _names_another_pid(name, ours))
-
-
-def _names_another_pid(name: str, ours: set[str]) -> bool:
-    parts = name.split("_")
-    return len(parts) > 2 and parts[0] == "torch" and parts[1].isdigit() and parts[1] not in ours
+    """The /dev/shm entries made since `before` (a listing) that are the leftovers of the
+    test's processes (`pids`: its children and their workers, alive or not) as far as can be
+    told (see `_ours`): one that a live one of them (or a descendant) holds, or whose name
+    carries one of their pids."""
+    return sorted(_ours(_shm() - before, pids))
 
 
 def _harness_thread(thread: threading.Thread) -> bool:
@@ -136,7 +158,7 @@ class Snapshot:
             problems["fds"] = f"file descriptors left: {fds}"
         shm = _shm() - self.shm
         if shm:
-            shm -= _used_elsewhere(shm)
+            shm = _ours(shm, [os.getpid()])
         if shm:
             problems["shm"] = f"/dev/shm entries left: {sorted(shm)}"
         if allow is not None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import json
 import pickle
-import time
 
 import numpy as np
 import pytest
@@ -180,21 +179,13 @@ def test_best_fit_beats_greedy():
         assert utilisation(b, seq_len) >= utilisation(g, seq_len)
 
 
-def test_best_fit_utilisation_and_speed():
+def test_best_fit_utilisation():
+    # how fast it packs is a figure of benchmarks/pack_rows_speed.py, not a pass mark
     seq_len, k = 2048, 64
     lengths = np.random.default_rng(0).integers(10, 2049, size=k * 200)
-    t = time.perf_counter()
     windows = pack_windows(lengths, k, seq_len, "best_fit")
-    dt = time.perf_counter() - t
-    u = utilisation([r for w in windows for r in w], seq_len)
-    print(
-        f"best_fit K={k} seq_len={seq_len}: utilisation {u:.4f}, "
-        f"{lengths.sum() / dt / 1e6:.0f}M tokens/s, {dt / len(lengths) * 1e6:.2f} us/doc"
-    )
     # measured 0.932 (greedy 0.885)
-    assert u >= 0.92
-    # measured ~1000M tokens/s; the bound leaves room for a slow, shared machine
-    assert lengths.sum() / dt >= 2e6
+    assert utilisation([r for w in windows for r in w], seq_len) >= 0.92
 
 
 def test_utilisation():
@@ -440,7 +431,7 @@ def test_packed_rows_windows_epoch_and_errors():
     packed = PackedDataset(docs, seq_len=10, window_size=64, window_unit="rows", method="greedy")
     assert len(packed) == 2 and packed.pieces(0) == [(0, 0, 5), (1, 0, 3)] and packed.pieces(1) == [(2, 0, 8)]
     assert packed.pieces(2) == [(3, 0, 5), (4, 0, 3)]  # the next pass: documents 0 and 1 again
-    with pytest.raises(ValueError, match=r"window_unit should be one of \('documents', 'rows'\), but got 'row'"):
+    with pytest.raises(ValueError, match=r"window_unit should be 'documents' or 'rows', but got window_unit='row'"):
         PackedDataset(docs, seq_len=10, window_unit="row")
     empty = TokenDataset.from_documents([np.zeros(0, np.int64)] * 10)
     with pytest.raises(ValueError, match="the first 10 documents pack into no rows: every one is empty"):
