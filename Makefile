@@ -14,12 +14,15 @@ endif
 # Without its dependencies: they are in the test-datasets extra, less torchvision (see pyproject.toml).
 LITDATA_PIN := litdata==0.2.76
 STAMP := $(VENV)/.installed
+# What make test takes on a fresh clone of a quiet 2-core machine, set-up included (printed as it starts).
+TEST_MINUTES := 30
 
 # pytest-xdist: one worker per core, at most 4 (each test starts worker processes of its own).
 # Each test file runs whole on one worker, so that a module's fixture (a framework's two-rank
 # launch) and the Ray cluster session (every test that needs it is in tests/ray/test_cluster.py)
-# start once.
-PYTEST_WORKERS := -n auto --maxprocesses 4 --dist loadfile
+# start once; the long grids of independent cases named in tests/conftest.py's SPREAD_FILES run
+# case by case on whichever worker is free (loadgroup: every other file is one xdist_group).
+PYTEST_WORKERS := -n auto --maxprocesses 4 --dist loadgroup
 
 # The user-install tier: a venv holding only what `pip install 'stoker[torch,stream,parquet,jax,arrayrecord]'`
 # brings (no s3fs, boto3 or moto, which the test extras install), plus the test runner and
@@ -130,9 +133,28 @@ test-pythons:
 
 # Lint, type check, tests and the strict docs build run side by side: on a fresh clone the type
 # check alone takes ~35 s of one core (it reads torch's stubs); so does the user-install tier.
-test: $(STAMP)
-	$(MAKE) --no-print-directory -j4 lint typecheck pytest docs-strict user-tier
-	$(MAKE) --no-print-directory user-tier-jax
+# Each tier's wall time is written to build/tier-times/ and printed when make test ends, passed or
+# failed (the figures in the README's getting started come from these lines).
+TIMES := build/tier-times
+test:
+	@rm -rf $(TIMES); mkdir -p $(TIMES); date +%s > $(TIMES)/.start
+	@echo "make test: about $(TEST_MINUTES) min on a quiet 2-core machine (the first run also builds three venvs)"
+	@rc=0; $(MAKE) --no-print-directory timed-setup || rc=$$?; \
+	if [ $$rc -eq 0 ]; then \
+		$(MAKE) --no-print-directory -j4 -k timed-lint timed-typecheck timed-pytest timed-docs-strict timed-user-tier || rc=$$?; \
+		$(MAKE) --no-print-directory timed-user-tier-jax || rc=$$?; \
+	fi; \
+	echo; echo "make test, wall time per tier (side by side: lint, typecheck, pytest, docs-strict, user-tier):"; \
+	for f in setup lint typecheck pytest docs-strict user-tier user-tier-jax; do \
+		[ -f $(TIMES)/$$f ] && cat $(TIMES)/$$f; done; \
+	echo "  total            $$(( $$(date +%s) - $$(cat $(TIMES)/.start) )) s"; \
+	exit $$rc
+
+# `make timed-X`: make X, and write its wall time and outcome to $(TIMES)/X.
+timed-%:
+	@mkdir -p $(TIMES); start=$$(date +%s); rc=0; $(MAKE) --no-print-directory $* || rc=$$?; \
+	printf '  %-16s %5d s  %s\n' "$*" $$(( $$(date +%s) - start )) "$$( [ $$rc -eq 0 ] && echo passed || echo FAILED)" > $(TIMES)/$*; \
+	exit $$rc
 
 typecheck: $(STAMP)
 	$(PY) -m mypy
@@ -167,6 +189,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/shards_bench.py
 	$(PY) benchmarks/mix_bench.py
 	$(PY) benchmarks/cpu_normalize_faults.py
+	$(PY) benchmarks/pack_rows_speed.py
 	$(PY) benchmarks/jax_feed.py
 
 # The documentation site (docs/, mkdocs.yml) into build/site. --strict: a broken link or anchor,

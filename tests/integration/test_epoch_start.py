@@ -92,7 +92,7 @@ def test_auto_reload_prefetches_the_next_epoch_before_iter() -> None:
     dataset = EpochValued(48)
     loader = st.DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=True, auto_reload=True)
     first = [int(v) for batch in loader for v in batch]
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60
     # the workers are already making epoch 1's first batches; wait for them to finish
     while time.monotonic() < deadline:
         time.sleep(0.2)

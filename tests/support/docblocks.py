@@ -269,7 +269,7 @@ def run_block(block: Block, workdir: Path, python: str = sys.executable, env: di
         returncode = None
     seconds = time.monotonic() - started
     # what the block started should be gone with it (stoker's workers go within tens of ms)
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     left = _session_members(child.pid)
     while left and time.monotonic() < deadline:
         time.sleep(0.1)
