@@ -134,14 +134,16 @@ test-pythons:
 # Lint, type check, tests and the strict docs build run side by side: on a fresh clone the type
 # check alone takes ~35 s of one core (it reads torch's stubs); so does the user-install tier.
 # Each tier's wall time is written to build/tier-times/ and printed when make test ends, passed or
-# failed (the figures in the README's getting started come from these lines).
+# failed (the figures in the README's getting started come from these lines). The guide pages the
+# user tiers run as written (shards, mixing and packing, JAX) are not run a second time by pytest's
+# docs test (STOKER_USER_TIERS_RUN_GUIDES, tests/test_docs.py).
 TIMES := build/tier-times
 test:
 	@rm -rf $(TIMES); mkdir -p $(TIMES); date +%s > $(TIMES)/.start
 	@echo "make test: about $(TEST_MINUTES) min on a quiet 2-core machine (the first run also builds three venvs)"
 	@rc=0; $(MAKE) --no-print-directory timed-setup || rc=$$?; \
 	if [ $$rc -eq 0 ]; then \
-		$(MAKE) --no-print-directory -j4 -k timed-lint timed-typecheck timed-pytest timed-docs-strict timed-user-tier || rc=$$?; \
+		STOKER_USER_TIERS_RUN_GUIDES=1 $(MAKE) --no-print-directory -j4 -k timed-lint timed-typecheck timed-pytest timed-docs-strict timed-user-tier || rc=$$?; \
 		$(MAKE) --no-print-directory timed-user-tier-jax || rc=$$?; \
 	fi; \
 	echo; echo "make test, wall time per tier (side by side: lint, typecheck, pytest, docs-strict, user-tier):"; \
