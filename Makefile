@@ -20,9 +20,10 @@ TEST_MINUTES := 30
 # pytest-xdist: one worker per core, at most 4 (each test starts worker processes of its own).
 # Each test file runs whole on one worker, so that a module's fixture (a framework's two-rank
 # launch) and the Ray cluster session (every test that needs it is in tests/ray/test_cluster.py)
-# start once; the long grids of independent cases named in tests/conftest.py's SPREAD_FILES run
-# case by case on whichever worker is free (loadgroup: every other file is one xdist_group).
-PYTEST_WORKERS := -n auto --maxprocesses 4 --dist loadgroup
+# start once. (`--dist loadgroup` with xdist_group marks does not group with pytest 9.2 and
+# pytest-xdist 3.8: xdist writes the group into `item._nodeid`, which pytest 9 no longer reads, so
+# every module fixture would start once per worker.)
+PYTEST_WORKERS := -n auto --maxprocesses 4 --dist loadfile
 
 # The user-install tier: a venv holding only what `pip install 'stoker[torch,stream,parquet,jax,arrayrecord]'`
 # brings (no s3fs, boto3 or moto, which the test extras install), plus the test runner and

@@ -155,31 +155,3 @@ def _no_worker_info_left_in_this_process():
 
     worker._process_info = None
     worker.tell_torch(None, thread=False)
-
-
-# Files whose tests run one by one on whichever xdist worker is free (`--dist loadgroup`, the
-# Makefile's PYTEST_WORKERS): long grids of independent cases, no module- or session-scoped
-# fixture of their own, so that no worker waits at the end of a run on one long file. Every other
-# file runs whole on one worker, as its module fixtures (a framework's ranks launched once, the
-# docs' blocks started together, the Ray cluster) need.
-SPREAD_FILES = frozenset(
-    {
-        "tests/conformance/test_vs_torchdata.py",
-        "tests/conformance/test_vs_torch.py",
-        "tests/conformance/test_torchdata_observables.py",
-        "tests/faults/test_fault_matrix.py",
-        "tests/faults/test_lifecycle.py",
-        "tests/integration/test_workers.py",
-    }
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    root = Path(str(config.rootpath))
-    for item in items:
-        try:
-            where = item.path.resolve().relative_to(root).as_posix()
-        except ValueError:
-            where = str(item.path)
-        if where not in SPREAD_FILES:
-            item.add_marker(pytest.mark.xdist_group(where))
