@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from stoker._mix.pack_rows import pack_rows_window, pack_window, piece_tokens
+from stoker_bench.mixpack import packed_windows
 
 SEQ_LEN = 2048
 K = 64
@@ -35,23 +35,13 @@ K = 64
 
 def by_documents(lengths: np.ndarray, method: str) -> list[list[Any]]:
     """Rows of each window of K consecutive documents."""
-    return [pack_window(lengths[s : s + K], SEQ_LEN, method) for s in range(0, len(lengths), K)]
+    return packed_windows(lengths, K, SEQ_LEN, method, "documents")
 
 
 def by_rows(lengths: np.ndarray, method: str) -> list[list[Any]]:
     """Rows of each window of K rows, what does not fit carried to the next one, until every
     document is placed."""
-    cum = np.concatenate([[0], np.cumsum(piece_tokens(lengths, SEQ_LEN))])
-    out: list[list[Any]] = []
-    carry: list[Any] = []
-    a = 0
-    while a < len(lengths) or carry:
-        need = K * SEQ_LEN - sum(e - s for _, s, e in carry)
-        b = a if need <= 0 else min(int(np.searchsorted(cum, cum[a] + need, side="left")), len(lengths))
-        rows, carry = pack_rows_window(carry, lengths[a:b], a, K, SEQ_LEN, method)
-        out.append(rows)
-        a = b
-    return out
+    return packed_windows(lengths, K, SEQ_LEN, method, "rows")
 
 
 def utilisation(windows: list[list[Any]]) -> float:
