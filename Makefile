@@ -14,6 +14,11 @@ endif
 # Without its dependencies: they are in the test-datasets extra, less torchvision (see pyproject.toml).
 LITDATA_PIN := litdata==0.2.76
 STAMP := $(VENV)/.installed
+# The tests run as on a machine where PYTHONDONTWRITEBYTECODE is not set, Python caching what it
+# compiles (in __pycache__, ignored by git). With it set, as on some CI images, each pytest
+# process would rewrite and compile every test module again, and each worker, rank and example a
+# test starts would compile what it imports. The benchmarks run in the environment as found.
+TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
 # What make test takes on a fresh clone of a quiet 2-core machine, set-up included (printed as it starts).
 TEST_MINUTES := 30
 
@@ -90,7 +95,7 @@ $(USER_STAMP): pyproject.toml
 # The moto server runs from the test environment's interpreter (STOKER_S3_SERVER_PYTHON).
 user-tier: $(STAMP) $(USER_STAMP)
 	$(USER_PY) $(INSTALL_CHECKOUT)
-	STOKER_USER_TIER=1 STOKER_S3_SERVER_PYTHON=$(abspath $(PY)) $(USER_PY) -m pytest -q -p no:cacheprovider $(USER_TESTS)
+	$(TEST_ENV) STOKER_USER_TIER=1 STOKER_S3_SERVER_PYTHON=$(abspath $(PY)) $(USER_PY) -m pytest -q -p no:cacheprovider $(USER_TESTS)
 
 $(USER_JAX_STAMP): pyproject.toml
 	rm -rf $(USER_JAX_VENV)
@@ -103,7 +108,7 @@ $(USER_JAX_STAMP): pyproject.toml
 # After user-tier, not beside it: each builds the checkout's wheel in ./build.
 user-tier-jax: $(STAMP) $(USER_JAX_STAMP)
 	$(USER_JAX_PY) $(INSTALL_CHECKOUT)
-	STOKER_USER_TIER=jax $(USER_JAX_PY) -m pytest -q -p no:cacheprovider tests/user/test_user_jax.py
+	$(TEST_ENV) STOKER_USER_TIER=jax $(USER_JAX_PY) -m pytest -q -p no:cacheprovider tests/user/test_user_jax.py
 
 build/py%/.installed: pyproject.toml
 	rm -rf build/py$*
@@ -124,7 +129,7 @@ $(addprefix test-python,$(PYTHONS)): test-python%:
 		exit 0; \
 	fi; \
 	start=$$(date +%s); \
-	build/py$*/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_WORKERS) $(CORE_TESTS) \
+	$(TEST_ENV) build/py$*/bin/python -m pytest -q -p no:cacheprovider $(PYTEST_WORKERS) $(CORE_TESTS) \
 		&& echo "core suite on Python $*: $$(( $$(date +%s) - start )) s"
 
 # One after another (each uses every core); every Python runs, then any failure fails the goal.
@@ -163,12 +168,12 @@ typecheck: $(STAMP)
 	$(PY) -m mypy
 
 pytest: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_WORKERS)
+	$(TEST_ENV) $(PY) -m pytest -q $(PYTEST_WORKERS)
 
 # Line coverage of the package by the whole suite (the main test processes; not the workers
 # and ranks they start), as the note of each change that moves or removes tests compares it.
 coverage: $(STAMP)
-	$(PY) -m pytest -q $(PYTEST_WORKERS) --cov=stoker --cov-report=term --cov-report=json:build/coverage.json
+	$(TEST_ENV) $(PY) -m pytest -q $(PYTEST_WORKERS) --cov=stoker --cov-report=term --cov-report=json:build/coverage.json
 
 # Bytecode as a wheel install would leave it (an editable install leaves none, and with
 # PYTHONDONTWRITEBYTECODE set every spawn/forkserver worker would compile stoker and the

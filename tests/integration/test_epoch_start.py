@@ -43,17 +43,21 @@ class EpochShuffled(torch_data.IterableDataset):
 
 
 class EpochValued(torch_data.Dataset):
-    """Map-style: each sample carries the epoch the user set last (a shared counter)."""
+    """Map-style: each sample carries the epoch the user set last (a shared counter); `reads`
+    counts, per index, the samples made (shared, so that a test sees what the workers did)."""
 
     def __init__(self, n: int) -> None:
         self.n = n
         self.epoch = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self.reads = torch.zeros(n, dtype=torch.int64).share_memory_()
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> int:
-        return int(self.epoch) * 1000 + i
+        value = int(self.epoch) * 1000 + i
+        self.reads[i] += 1  # one worker makes index i at a time
+        return value
 
 
 def _epochs(loader, dataset, epochs: int) -> list[list[int]]:
@@ -92,13 +96,12 @@ def test_auto_reload_prefetches_the_next_epoch_before_iter() -> None:
     dataset = EpochValued(48)
     loader = st.DataLoader(dataset, batch_size=4, num_workers=2, persistent_workers=True, auto_reload=True)
     first = [int(v) for batch in loader for v in batch]
+    # the workers are already making epoch 1's first batches: wait until the first one is made
+    # (its samples read a second time), as the training step between two epochs would
     deadline = time.monotonic() + 60
-    # the workers are already making epoch 1's first batches; wait for them to finish
-    while time.monotonic() < deadline:
-        time.sleep(0.2)
-        if loader._iterator._scheduler.has_prefetched_epoch():
-            break
-    time.sleep(0.5)
+    while not bool((dataset.reads[:4] >= 2).all()):
+        assert time.monotonic() < deadline, f"epoch 1's first batch was not made ahead in 60 s: {dataset.reads[:4]}"
+        time.sleep(0.05)
     dataset.epoch.fill_(1)
     second = [int(v) for batch in loader for v in batch]
     assert first == list(range(48))
