@@ -64,14 +64,37 @@ python_for = $(or $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/$(1).*/bin
 
 .PHONY: test bench lint typecheck pytest user-tier user-tier-jax test-pythons $(addprefix test-python,$(PYTHONS)) coverage docs docs-strict setup clean
 
-# pip would compile what it installs on one core (~75 s of CPU here); compileall uses every
-# core. Skipped: a file of torch's test helpers written for Python 3.12 only.
+# The test environment is installed by uv (itself from PyPI, into the venv), which unpacks the
+# ~180 packages in parallel where pip takes minutes. uv reads no pip configuration, so it is
+# handed the sources pip's configuration names (its files and PIP_* variables: find-links,
+# index-url, extra-index-url, constraint; on these machines torch's CPU wheel is a local file
+# named by find-links), and, like pip, takes the best version any of them has. It resolves the
+# same versions as pip here. The user tiers below install with pip, as the documentation says.
+# compileall then writes the bytecode on every core (uv writes none).
+# Skipped: a file of torch's test helpers written for Python 3.12 only.
+UV_PIN := uv==0.13.9
+UV_INSTALL = $(VENV)/bin/uv pip install --quiet --python $(PY) --index-strategy unsafe-best-match $$($(PY) -c "$$PIP_SOURCES")
+define PIP_SOURCES
+import subprocess, sys
+flags = {"find-links": "--find-links", "index-url": "--index-url", "extra-index-url": "--extra-index-url", "constraint": "--constraint"}
+listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+out = []
+for line in listed.splitlines():
+    key, _, value = line.partition("=")
+    flag = flags.get(key.rsplit(".", 1)[-1])
+    for source in value.strip("'").split() if flag else ():
+        if source not in out:
+            out += [flag, source]
+print(" ".join(out))
+endef
+export PIP_SOURCES
+
 $(STAMP): pyproject.toml benchmarks/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet --no-compile -e '.[test,test-frameworks,test-datasets,test-jax,bench,ray,vision,docs,stream,parquet]' '$(TORCH_PIN)'
-	$(PY) -m pip install --quiet --no-compile --no-deps '$(LITDATA_PIN)'
-	$(PY) -m pip install --quiet --no-compile --no-deps -e benchmarks
+	$(PY) -m pip install --quiet --upgrade pip '$(UV_PIN)'
+	$(UV_INSTALL) -e '.[test,test-frameworks,test-datasets,test-jax,bench,ray,vision,docs,stream,parquet]' '$(TORCH_PIN)'
+	$(UV_INSTALL) --no-deps '$(LITDATA_PIN)'
+	$(UV_INSTALL) --no-deps -e benchmarks
 	$(PY) -m compileall -q -j 0 -x '/torch/testing/_internal/py312' \
 		"$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" src
 	touch $(STAMP)
