@@ -55,7 +55,9 @@ from torch.utils.data.dataloader import _DatasetKind  # noqa: E402
 import stoker.torch as st  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("lightning_main.py")
-LAUNCH_TIMEOUT_S = 150
+# A bound on a hang, not on speed: a launch takes 30-60 s on a quiet 2-core machine and several
+# times that beside other work (past 150 s beside four busy loops and another pytest run).
+LAUNCH_TIMEOUT_S = 600
 N = 64  # lightning_main.py's map-style dataset
 STREAM = 16  # and its stream
 FLAVOURS = ["torch", "stoker"]
@@ -99,16 +101,23 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """ranks(case, flavour) -> [rank 0's record, rank 1's], launched once per module; "resume"
     resumes from the checkpoint "ddp" saved, in the same folder."""
     folders: dict[str, Path] = {}
+    failed: dict[tuple[str, str], str] = {}  # a launch that failed is not launched again
 
     def get(case: str, flavour: str) -> list[dict[str, Any]]:
         if case == "resume":
             get("ddp", flavour)
+        if (case, flavour) in failed:
+            pytest.fail(f"the {case} ({flavour}) launch failed in an earlier test: {failed[case, flavour]}")
         if (case, flavour) not in _launched:
             if flavour not in folders:
                 folders[flavour] = tmp_path_factory.mktemp(f"lightning-{flavour}")
                 if flavour == "stoker":  # the shards the own samplers' runs read
                     own_samplers.write(str(folders[flavour] / "own-shards"))
-            _launched[case, flavour] = launch(case, flavour, folders[flavour])
+            try:
+                _launched[case, flavour] = launch(case, flavour, folders[flavour])
+            except (Exception, pytest.fail.Exception) as exc:
+                failed[case, flavour] = str(exc)[:2000]
+                raise
         return _launched[case, flavour]
 
     get.folders = folders  # type: ignore[attr-defined]
