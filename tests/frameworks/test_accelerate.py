@@ -30,7 +30,9 @@ import own_samplers  # noqa: E402
 from tests.support.namespaces import loopback_only, run_in_namespace  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("accelerate_main.py")
-LAUNCH_TIMEOUT_S = 75  # the stoker flavour runs its own samplers too
+# A bound on a hang, not on speed: a launch takes ~30-60 s on a quiet 2-core machine and
+# several times that on a busy one.
+LAUNCH_TIMEOUT_S = 600  # the stoker flavour runs its own samplers too
 FLAVOURS = ["torch", "stoker"]
 STOP_AFTER_OWN = 3  # accelerate_main.py's STOP_AFTER
 LOADER = {"torch": "torch.utils.data.dataloader.DataLoader", "stoker": "stoker._core.torch_loader.DataLoader"}

@@ -26,7 +26,9 @@ from tests.frameworks.saved_ranks import launch_world  # noqa: E402
 from tests.support.namespaces import loopback_only  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("saved_dcp_main.py")
-LAUNCH_TIMEOUT_S = 120  # the script's own per-rank limit is RANK_TIMEOUT_S, below it
+# A bound on a hang, not on speed: a launch takes ~30-60 s on a quiet 2-core machine and
+# several times that on a busy one.
+LAUNCH_TIMEOUT_S = 600  # the script's own per-rank limit is RANK_TIMEOUT_S, below it
 N, BATCH, EPOCHS, STOP, AFTER = 24, 2, 2, 2, 2  # saved_dcp_main.py's
 LIBRARIES = ["torchdata", "stoker"]
 KINDS = ["map", "stream"]

@@ -28,7 +28,9 @@ if not dist.is_available() or not dist.is_gloo_available():
 from tests.support.namespaces import loopback_only, run_in_namespace  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("saved_trainer_main.py")
-LAUNCH_TIMEOUT_S = 150
+# A bound on a hang, not on speed: a launch takes ~30-60 s on a quiet 2-core machine and
+# several times that on a busy one.
+LAUNCH_TIMEOUT_S = 600
 N, STOP, STEPS_PER_EPOCH = 64, 3, 8  # saved_trainer_main.py's: 64 samples, 2 ranks, 4 a step
 TORCHDATA = "torchdata.stateful_dataloader.stateful_dataloader.StatefulDataLoader"
 TORCH = "torch.utils.data.dataloader.DataLoader"

@@ -29,7 +29,9 @@ import own_samplers  # noqa: E402
 from tests.support.namespaces import loopback_only, run_in_namespace  # noqa: E402
 
 SCRIPT = Path(__file__).with_name("transformers_main.py")
-LAUNCH_TIMEOUT_S = 90  # the stoker flavour runs its own samplers too
+# A bound on a hang, not on speed: a launch takes ~30-60 s on a quiet 2-core machine and
+# several times that on a busy one.
+LAUNCH_TIMEOUT_S = 600  # the stoker flavour runs its own samplers too
 FLAVOURS = ["torch", "stoker"]
 LOADER = {"torch": "torch.utils.data.dataloader.DataLoader", "stoker": "stoker._core.torch_loader.DataLoader"}
 STEPS_PER_EPOCH = 8  # 64 samples, 2 ranks, 4 a step
