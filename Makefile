@@ -65,11 +65,11 @@ python_for = $(or $(lastword $(sort $(wildcard $(PYENV_ROOT)/versions/$(1).*/bin
 .PHONY: test bench lint typecheck pytest user-tier user-tier-jax test-pythons $(addprefix test-python,$(PYTHONS)) coverage docs docs-strict setup clean
 
 # The test environment is installed by uv (itself from PyPI, into the venv), which unpacks the
-# ~180 packages in parallel where pip takes minutes. uv reads no pip configuration, so it is
+# ~180 packages in parallel where pip unpacks one at a time. uv reads no pip configuration, so it is
 # handed the sources pip's configuration names (its files and PIP_* variables: find-links,
 # index-url, extra-index-url, constraint; on these machines torch's CPU wheel is a local file
-# named by find-links), and, like pip, takes the best version any of them has. It resolves the
-# same versions as pip here. The user tiers below install with pip, as the documentation says.
+# named by find-links), and, like pip, takes the best version any of them has. The user tiers
+# below install with pip, as the documentation says.
 # compileall then writes the bytecode on every core (uv writes none).
 # Skipped: a file of torch's test helpers written for Python 3.12 only.
 UV_PIN := uv==0.13.9
